@@ -521,17 +521,60 @@ def test_sdpa_left_padded_mask_under_torch_compile_with_grad(causal):
 
 
 def test_sdpa_masked_with_windows_passes_opcheck():
-    """torch.library.opcheck of sdpa_masked on a left-padded mask (its windows case) and of its backward op, which
-    reads the windows from the mask (its last, optional argument)."""
+    """torch.library.opcheck of sdpa_masked_windows on a left-padded mask (its windows: (2, batch), ends then first
+    keys, handed to the backward) and of its backward op; sdpa_masked, the op before session 54, kept for graphs
+    traced with it: lengths (batch,), the same gradients through the shared backward op, left padding refused."""
     q, k = torch.randn(2, 5, 4, 16, dtype=torch.float64), torch.randn(2, 5, 2, 16, dtype=torch.float64)
     rows, keys = torch.arange(5)[:, None], torch.arange(5)
     mask = torch.stack([(keys >= p) & (keys <= rows) for p in (0, 2)])[:, None]
-    out, lse, lengths, kind = torch.ops.fa_variants.sdpa_masked(q, k, k, mask, None, "reference")
-    assert kind.tolist() == [1, 2] and lengths.tolist() == [5, 5]
-    torch.library.opcheck(torch.ops.fa_variants.sdpa_masked, (q, k, k, mask, None, "reference"))
+    op = torch.ops.fa_variants.sdpa_masked_windows
+    out, lse, windows, kind = op(q, k, k, mask, None, "reference")
+    assert kind.tolist() == [1, 2] and windows.tolist() == [[5, 5], [0, 2]]
+    torch.library.opcheck(op, (q, k, k, mask, None, "reference"))
     grad = torch.randn_like(out)
-    torch.library.opcheck(torch.ops.fa_variants.sdpa_masked_backward,
-                          (grad, None, q, k, k, out, lse, lengths, kind, None, "reference", mask))
+    backward_op = torch.ops.fa_variants.sdpa_masked_backward
+    torch.library.opcheck(backward_op, (grad, None, q, k, k, out, lse, windows, kind, None, "reference"))
+    # the op before session 54, kept for graphs traced with it: lengths only, the ends alone
+    lengths = (torch.arange(5) < torch.tensor([5, 3])[:, None])[:, None, None]
+    old = torch.ops.fa_variants.sdpa_masked(q, k, k, lengths, None, "reference")
+    new = op(q, k, k, lengths, None, "reference")
+    assert old[2].tolist() == [5, 3] and new[2].tolist() == [[5, 3], [0, 0]] and old[3].tolist() == [0, 1]
+    torch.library.opcheck(torch.ops.fa_variants.sdpa_masked, (q, k, k, lengths, None, "reference"))
+    for a, b in zip(backward_op(grad, None, q, k, k, *old[:2], old[2], old[3], None, "reference"),
+                    backward_op(grad, None, q, k, k, *new[:2], new[2], new[3], None, "reference")):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="^attn_mask: fa_variants cannot express this attention mask"):
+        torch.ops.fa_variants.sdpa_masked(q, k, k, mask, None, "reference")  # left padding: not the old op's
+
+
+@pytest.mark.parametrize("dims", [2, 4])
+def test_a_mask_changed_after_the_compiled_call_leaves_its_gradients(dims):
+    """The compiled SDPA drop-in keeps what it read of the mask for the backward, not the mask: a mask buffer
+    rewritten between forward and backward (reused across micro-batches) changes neither the gradients nor raises,
+    as with torch's SDPA (plain, lengths and left-padded windows)."""
+    def run(q, k, mask):
+        return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, backend="reference")
+
+    g = seeded_generator()
+    q, k = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    rows, keys = torch.arange(5)[:, None], torch.arange(5)
+    masks = [keys <= rows, (keys < 4) & (rows >= 0), (keys <= rows) & (keys >= 2)]  # plain, lengths, windows
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(run, fullgraph=True)
+        for mask in masks:
+            buffer = mask.clone() if dims == 2 else mask.clone()[None, None]
+            grads = []
+            for rewrite in (False, True):
+                leaf = q.clone().requires_grad_(True)
+                out = compiled(leaf, k, buffer.copy_(mask if dims == 2 else mask[None, None]))
+                if rewrite:
+                    buffer.copy_(torch.ones_like(buffer))
+                (out * (rows >= 2)).square().sum().backward()  # rows 0, 1 see no key under the windows' mask
+                grads.append(leaf.grad)
+            torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+    finally:
+        torch._dynamo.reset()
 
 
 @needs_hf

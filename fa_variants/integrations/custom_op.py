@@ -20,7 +20,8 @@ softmax_scale, str backend, Tensor? leftpad_k=None) -> (Tensor out, Tensor lse)`
 graph runs: ``fa_variants::mask_window`` (a mask's per-sequence key windows as seqlens_k and leftpad_k, for
 transformers' masks; ``fa_variants::mask_lengths``, its lengths alone, before session 54, is kept for graphs exported
 with it) and
-``fa_variants::sdpa_masked`` (the SDPA drop-in's attn_mask and the attention as one node; its backward
+``fa_variants::sdpa_masked_windows`` (the SDPA drop-in's attn_mask and the attention as one node; ``sdpa_masked``
+before session 54, kept for graphs traced with it; their backward
 ``fa_variants::sdpa_masked_backward``, the same ``kernel_backward`` as one opaque node: no second derivative).
 
 Autograd (the attention and seqlens_k ops): the backward is ``integrations.backward.kernel_backward``
@@ -137,9 +138,9 @@ def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: i
     (``name`` "attention_mask": transformers' masks, any value at or below half the dtype's lowest hiding a key, the
     layer's is_causal giving the kind) and the SDPA drop-in at seqlen_q 1 without grad (``name`` "attn_mask", 0 /
     -inf floats only; the two kinds coincide there; the attention op after it stays in reduce-overhead's CUDA
-    graphs, which ``sdpa_masked`` would leave). A mask of the other kind (full for a causal layer, with seqlen_q >
-    1, or causal for a non-causal one) or one the lengths cannot express raises when the compiled graph runs, as the
-    caller's eager path does (``_mask_refusal``)."""
+    graphs, which ``sdpa_masked_windows`` would leave). A mask of the other kind (full for a causal layer, with
+    seqlen_q > 1, or causal for a non-causal one) or one the lengths cannot express raises when the compiled graph
+    runs, as the caller's eager path does (``_mask_refusal``)."""
     from fa_variants.common import mask_lengths
 
     try:
@@ -231,69 +232,101 @@ def _mask_lengths_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name)
     return mask.new_empty((batch,), dtype=torch.int32)
 
 
+@torch.library.custom_op("fa_variants::sdpa_masked_windows", mutates_args=(), tags=_HOST_READ_TAGS)
+def sdpa_masked_windows_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                           softmax_scale: float | None, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                               torch.Tensor]:
+    """The SDPA drop-in's ``attn_mask`` while torch.compile or torch.export traces the call: the 4-D mask read when the
+    op runs (one device sync) as the causal flag and each sequence's key window (``common.mask_lengths.as_lengths``:
+    over all keys or the first L_b; else ``_one_call_windows``: one window per sequence that one call expresses,
+    left padding), then attention run with them (seqlens_k, leftpad_k). The flag is decided by the mask's values,
+    which a trace cannot read, so the mask and the attention are one node (no graph break; ``fullgraph=True``
+    works). A mask they cannot express (a causal batch padded on the right, a sliding window that bites) raises the
+    drop-in's one-line ValueError when the compiled graph runs.
+
+    Returns (out, lse, windows, kind): out and lse as ``attention_op``'s; windows int32 (2, batch), each sequence's
+    end then its first key, and kind int32 [causal, how], on the CPU: what the mask was read as, for the backward
+    (`_sdpa_masked_backward`; the mask itself is not kept, so it may be changed after the call, as torch's SDPA
+    allows): how 0, a plain mask, whose backward is the plain call's (FA_VARIANTS_BACKWARD's fused backward where it
+    applies); 1, lengths, and 2, windows, the seqlens_k op's (the same, window by window:
+    ``backward.kernel_backward``). O and LSE are kept for the backward where a fused one may use them
+    (``backward.keeps_outputs``), with lengths too (which mask comes is known only when the op runs). Tagged
+    cudagraph_unsafe: it reads the mask on the host. Since session 54, in place of `sdpa_masked_op`."""
+    return _sdpa_masked(q, k, v, mask, softmax_scale, backend, windows=True)
+
+
 @torch.library.custom_op("fa_variants::sdpa_masked", mutates_args=(), tags=_HOST_READ_TAGS)
 def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, softmax_scale: float | None,
                    backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The SDPA drop-in's ``attn_mask`` while torch.compile or torch.export traces the call: the 4-D mask read when the
-    op runs (``common.mask_lengths.as_lengths``, one device sync) as the causal flag and per-sequence key lengths,
-    then attention run with them. The flag is decided by the mask's values, which a trace cannot read, so the mask
-    and the attention are one node (no graph break; ``fullgraph=True`` works). A mask the two cannot express raises
-    the drop-in's one-line ValueError when the compiled graph runs.
+    """`sdpa_masked_windows_op` as traced before session 54, kept for the graphs that call it (exported, or in
+    torch.compile's caches, whose compiled code checks the shapes of its outputs): masks of lengths only, and the
+    ends alone, int32 (batch,), in place of the windows."""
+    return _sdpa_masked(q, k, v, mask, softmax_scale, backend, windows=False)
 
-    Masks of one key window per sequence that one call expresses (left padding: ``_one_call_windows``) run with
-    seqlens_k and leftpad_k (since session 54); others (a causal batch padded on the right) raise.
 
-    Returns (out, lse, seqlens_k, kind): out and lse as ``attention_op``'s; seqlens_k int32 (batch,) and kind int32
-    [causal, how] on the CPU, what the mask was read as, for the backward (`_sdpa_masked_backward`): how 0, a plain
-    mask, whose backward is the plain call's (FA_VARIANTS_BACKWARD's fused backward where it applies); 1, lengths,
-    the lengths op's (the same, length by length: ``backward.kernel_backward``); 2, windows, read from the mask again
-    by the backward (its first keys are no output: the op's outputs are those of graphs exported before). O and LSE
-    are kept for the backward where a fused one may use them (``backward.keeps_outputs``), with lengths too (which
-    mask comes is known only when the op runs). Tagged cudagraph_unsafe: it reads the mask on the host."""
+def _sdpa_masked(q, k, v, mask, softmax_scale: float | None, backend: str, windows: bool):
+    """The two ops' body: ``windows`` False refuses what lengths do not express and returns the ends alone."""
     from fa_variants import api
     from fa_variants.common import mask_lengths, workspace
 
     _refuse_tangents(api, q, k, v)
     batch, seqlen_q, heads, _ = q.shape
-    starts = None
+    read = what = None
     try:
-        causal, seqlens_k = mask_lengths.as_lengths(mask, seqlen_q, k.shape[1], batch, heads, name="attn_mask",
-                                                    float_min_blocks=False)
-    except mask_lengths.InexpressibleMask:
+        read = mask_lengths.as_lengths(mask, seqlen_q, k.shape[1], batch, heads, name="attn_mask",
+                                       float_min_blocks=False)
+    except mask_lengths.InexpressibleMask as refused:  # (refusals raised outside the handler: no chained context)
+        what = refused.what
+    starts = None
+    if read is not None:
+        causal, seqlens_k = read
+    elif windows:
         causal, (seqlens_k, starts) = _one_call_windows(mask, seqlen_q, k.shape[1], batch, heads, "attn_mask")
+    else:
+        raise api.sdpa_mask_refusal(what)
     with workspace.uncached():
         if seqlens_k is None:
             out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
         else:  # lengths (and first keys) on the CPU: checked on the host, copied over without a second sync
             out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k, leftpad_k=starts)
-    lengths = torch.full((batch,), k.shape[1], dtype=torch.int32) if seqlens_k is None else seqlens_k
+    ends = torch.full((batch,), k.shape[1], dtype=torch.int32) if seqlens_k is None else seqlens_k
     kind = torch.tensor([causal, 0 if seqlens_k is None else 1 if starts is None else 2], dtype=torch.int32)
-    return out.contiguous(), lse.contiguous(), lengths, kind
+    if not windows:
+        return out.contiguous(), lse.contiguous(), ends, kind
+    return out.contiguous(), lse.contiguous(), torch.stack([ends, torch.zeros_like(ends) if starts is None else
+                                                            starts]), kind
+
+
+@sdpa_masked_windows_op.register_fake
+def _sdpa_masked_windows_fake(q, k, v, mask, softmax_scale, backend):
+    """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then the mask's shape checked
+    (`_check_mask_shape`: its values are read when the op runs)."""
+    out, lse = _attention_fake(q, k, v, False, softmax_scale, backend)
+    _check_mask_shape(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], "attn_mask")
+    return out, lse, torch.empty((2, q.shape[0]), dtype=torch.int32), torch.empty((2,), dtype=torch.int32)
 
 
 @sdpa_masked_op.register_fake
 def _sdpa_masked_fake(q, k, v, mask, softmax_scale, backend):
-    """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then the mask's shape checked as
-    ``as_lengths`` checks it (its values are read when the op runs)."""
-    out, lse = _attention_fake(q, k, v, False, softmax_scale, backend)
-    _check_mask_shape(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], "attn_mask")
-    return out, lse, torch.empty((q.shape[0],), dtype=torch.int32), torch.empty((2,), dtype=torch.int32)
+    """`_sdpa_masked_windows_fake`'s, with the ends alone."""
+    out, lse, _, kind = _sdpa_masked_windows_fake(q, k, v, mask, softmax_scale, backend)
+    return out, lse, torch.empty((q.shape[0],), dtype=torch.int32), kind
 
 
 def _sdpa_masked_setup_context(ctx, inputs, output):
     q, k, v, mask, softmax_scale, backend = inputs
     out, lse, lengths, kind = output
     kept = (out, lse) if backward.keeps_outputs(False) else (None, None)  # the traced route (_backward_of)
-    ctx.save_for_backward(q, k, v, *kept, lengths, kind, mask)  # the mask: windows are read from it again
+    ctx.save_for_backward(q, k, v, *kept, lengths, kind)
     ctx.softmax_scale, ctx.backend = softmax_scale, backend
     ctx.mark_non_differentiable(lengths, kind)
     ctx.set_materialize_grads(False)
 
 
 def _sdpa_masked_backward(ctx, grad_out, grad_lse, _lengths, _kind):
-    q, k, v, out, lse, lengths, kind, mask = ctx.saved_tensors
+    q, k, v, out, lse, lengths, kind = ctx.saved_tensors
     dq, dk, dv = sdpa_masked_backward_op(grad_out, grad_lse, q, k, v, out, lse, lengths, kind, ctx.softmax_scale,
-                                         ctx.backend, mask)
+                                         ctx.backend)
     return dq, dk, dv, None, None, None
 
 
@@ -301,27 +334,26 @@ def _sdpa_masked_backward(ctx, grad_out, grad_lse, _lengths, _kind):
 def sdpa_masked_backward_op(grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None, q: torch.Tensor,
                             k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None,
                             lengths: torch.Tensor, kind: torch.Tensor, softmax_scale: float | None,
-                            backend: str, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                    torch.Tensor]:
-    """``backward.kernel_backward`` for the mask ``sdpa_masked`` read (``kind``, read on the host: it is on the CPU),
-    as one opaque node; windows (how 2) read from ``mask`` again (last, optional: graphs exported before it load)."""
+                            backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``backward.kernel_backward`` for the mask ``sdpa_masked_windows`` / ``sdpa_masked`` read (``kind`` and
+    ``lengths``: the windows (2, batch), or the ends alone (batch,) from ``sdpa_masked``; read on the host: they are
+    on the CPU), as one opaque node."""
     causal, how = kind.tolist()
-    seqlens_k = lengths if how else None  # on the CPU: read there, no device round trip
-    starts = None
-    if how == 2:
-        _, (seqlens_k, starts) = _one_call_windows(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], "attn_mask")
+    ends, starts = lengths.unbind(0) if lengths.dim() == 2 else (lengths, None)
+    seqlens_k = ends if how else None  # on the CPU: read there, no device round trip
+    starts = starts if how == 2 else None
     grads = backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, bool(causal), softmax_scale,
                                      backend, eager=False, leftpad_k=starts)
     return tuple(g.contiguous() for g in grads)
 
 
 @sdpa_masked_backward_op.register_fake
-def _sdpa_masked_backward_fake(grad_out, grad_lse, q, k, v, out, lse, lengths, kind, softmax_scale, backend,
-                               mask=None):
+def _sdpa_masked_backward_fake(grad_out, grad_lse, q, k, v, out, lse, lengths, kind, softmax_scale, backend):
     return _empty_grads(q, k, v)
 
 
-sdpa_masked_op.register_autograd(_sdpa_masked_backward, setup_context=_sdpa_masked_setup_context)
+for _op in (sdpa_masked_windows_op, sdpa_masked_op):
+    _op.register_autograd(_sdpa_masked_backward, setup_context=_sdpa_masked_setup_context)
 
 
 def _forward_backend(eager: bool, q, k, v, causal: bool, backend: str) -> str:
