@@ -35,7 +35,7 @@
 #       static_cache"` (~120 s): prediction: all pass (the compiled left-padded decoding steps through mask_window
 #       on fa3, inside reduce-overhead's graphs; the compiled HF / SDPA masks now through mask_window and the
 #       leftpad_k kernels; test_padded_batch_windows_on_the_kernels's left side as one call, its CPU windows;
-#       test_sdpa_attn_mask_training_under_compile_fullgraph_on_the_gpu[left-padded]: sdpa_masked's windows with
+#       test_sdpa_attn_mask_training_under_compile_fullgraph_on_the_gpu[left-padded]: sdpa_masked_windows with
 #       grad, 3 fused backward calls).
 #    E. The whole suite on the final tree, each its own call: parts 2, 1, 3 (the fa3 kernel's K/V views changed under
 #       a switch; its other kernels' SASS is the same: session 54 compared six fa3 / fa2 kernels, plain and seqlens_k,

@@ -268,7 +268,7 @@ def test_sdpa_attn_mask_as_lengths_on_the_kernels(causal):
     out = fa_variants.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                    attn_mask=mask, enable_gqa=True).transpose(1, 2)
     assert_attention_ok(out, None, q, k, v, causal, seqlens_k=seqlens_k, what=f"attn_mask causal={causal}")
-    torch._dynamo.reset()  # under torch.compile(fullgraph=True), no grad: torch.ops.fa_variants.sdpa_masked
+    torch._dynamo.reset()  # under torch.compile(fullgraph=True), no grad: torch.ops.fa_variants.sdpa_masked_windows
     compiled = torch.compile(fa_variants.scaled_dot_product_attention, fullgraph=True)
     with torch.no_grad():
         out = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
