@@ -353,8 +353,7 @@ def test_seqlens_k_training_under_compile_on_the_gpu(mode, monkeypatch):
 def test_sdpa_attn_mask_training_under_compile_fullgraph_on_the_gpu(padded, monkeypatch):
     """The SDPA drop-in's attn_mask in a compiled training step (fullgraph=True, inductor), on the kernel backend:
     torch.ops.fa_variants.sdpa_masked_windows reads the mask when the graph runs; its backward is the plain call's fused
-    one
-    for a mask without padding, and with key lengths one fused call per length (since session 53; the reference's
+    one for a mask without padding, and with key lengths one fused call per length (since session 53; the reference's
     before); keys padded on the left (an encoder's batch: full over [p_b, N)) run as one call with leftpad_k (since
     session 54), the backward one fused call per window. Output and gradients within the rule against float64, with
     torch's SDPA in bf16 as the baseline (FA_VARIANTS_BACKWARD cudnn or flash, the default mode)."""
