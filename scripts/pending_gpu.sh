@@ -20,7 +20,7 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 55. Session 54 (H100) ran session 53's plan: L (158 passed; the padded backward 0.94x SDPA's
+#    Plan for session 55. Session 54 (H100) ran session 53's plan: L (158 passed; a padded training step 0.94x SDPA's
 #    at D 128 N 4k, 2.1-2.5x at N 1k with 16 lengths), cpu1 (1516 passed), parts 2 (1 failed: a compile test's
 #    bf16 baseline was the float32 reference's, fixed in 0094976, its seed then passed), 3 (637) and 4 (334). Then
 #    it added leftpad_k (each sequence's first key, read by the fa3 / fa2 kernels: K and V viewed from it) and ran
