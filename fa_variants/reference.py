@@ -97,16 +97,23 @@ def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, 
         raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {tuple(seqlens_k.shape)}")
     if seqlens_k.device != device and not (host_ok and seqlens_k.device.type == "cpu"):
         raise ValueError(f"{name} is on {seqlens_k.device} but q is on {device}")
-    if values and host_values.vmapped(seqlens_k):
-        raise NotImplementedError(f"{name} batched by torch.func.vmap: its values are read on the host to check "
-                                  "them, which vmap cannot do; fold the vmapped dimension into the batch, or give "
-                                  f"{name} unbatched (in_dims None)")
+    if values:
+        _refuse_vmapped(seqlens_k, name)
     if values and batch and seqlens_k.device.type != "meta":  # a meta tensor has no values to check
         lo, hi = torch.aminmax(seqlens_k)
         lo, hi = int(lo), int(hi)
         if lo < 0 or hi > seqlen_k:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} holds {bad}, outside [0, seqlen_k = {seqlen_k}]")
+
+
+def _refuse_vmapped(t: torch.Tensor, name: str) -> None:
+    """NotImplementedError (one line naming ``name``) for lengths batched by torch.func.vmap: their values cannot be
+    read on the host to check them."""
+    if host_values.vmapped(t):
+        raise NotImplementedError(f"{name} batched by torch.func.vmap: its values are read on the host to check "
+                                  "them, which vmap cannot do; fold the vmapped dimension into the batch, or give "
+                                  f"{name} unbatched (in_dims None)")
 
 
 def check_leftpad_k(leftpad_k, seqlens_k, batch: int, seqlen_k: int, device: torch.device, *,
@@ -120,10 +127,7 @@ def check_leftpad_k(leftpad_k, seqlens_k, batch: int, seqlen_k: int, device: tor
         return
     ends = leftpad_k.new_full((batch,), seqlen_k) if seqlens_k is None else seqlens_k.to(leftpad_k.device)
     for t, name in ((leftpad_k, "leftpad_k"), (ends, "seqlens_k")):
-        if host_values.vmapped(t):
-            raise NotImplementedError(f"{name} batched by torch.func.vmap: its values are read on the host to check "
-                                      "them, which vmap cannot do; fold the vmapped dimension into the batch, or give "
-                                      f"{name} unbatched (in_dims None)")
+        _refuse_vmapped(t, name)
     first_past = torch.where(leftpad_k > ends, torch.arange(batch, device=ends.device), batch).amin()
     lo_end, hi_end, lo, hi, past = (int(x) for x in torch.stack([ends.amin(), ends.amax(), leftpad_k.amin(),
                                                                   leftpad_k.amax(), first_past]).tolist())

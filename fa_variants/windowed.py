@@ -21,7 +21,7 @@ import torch
 from fa_variants.common import batch_groups
 from fa_variants.common.mask_windows import Window
 
-__all__ = ["attention", "one_call"]
+__all__ = ["attention", "one_call", "one_call_windows"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[Window], *,
@@ -34,9 +34,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
     from fa_variants import api
 
     batch, seqlen_q, heads, _ = q.shape
-    causal = one_call(windows, seqlen_q)
-    if causal is not None:  # seqlens_k and leftpad_k express every window (on the CPU: checked there, no sync)
-        ends, starts = (torch.tensor([w[i] for w in windows], dtype=torch.int32) for i in (1, 0))
+    single = one_call_windows(windows, seqlen_q)
+    if single is not None:  # seqlens_k and leftpad_k express every window (on the CPU: checked there, no sync)
+        causal, (ends, starts) = single
         return api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                              return_lse=return_lse, seqlens_k=ends, leftpad_k=starts)
     out = lse = None  # made at the first group's results: their dtype (under autocast, autocast's)
@@ -61,6 +61,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
         out = torch.zeros(batch, seqlen_q, heads, v.shape[-1], dtype=api.output_dtype(q.dtype), device=q.device)
         lse = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float32, device=q.device)
     return (out, lse) if return_lse else out
+
+
+def one_call_windows(windows: list[Window], seqlen_q: int) -> tuple[bool, torch.Tensor] | None:
+    """(`one_call`'s causal flag, int32 (2, batch) on the CPU: each window's end (seqlens_k), then its first key
+    (leftpad_k)), or None where no one call expresses the windows."""
+    causal = one_call(windows, seqlen_q)
+    if causal is None:
+        return None
+    return causal, torch.tensor([[w.end for w in windows], [w.start for w in windows]], dtype=torch.int32)
 
 
 def one_call(windows: list[Window], seqlen_q: int) -> bool | None:

@@ -2,7 +2,6 @@
 against an explicit float64 mask, the public API (reference backend; the kernels' grouped path on a fake sm_90), its
 validation (one-line errors naming leftpad_k), autograd and torch.compile."""
 import math
-import types
 
 import pytest
 import torch
@@ -191,22 +190,25 @@ def test_seqlens_k_values_are_checked_beside_leftpad_k():
 
 def test_module_runs_take_leftpad_k_alone(monkeypatch):
     """fa3.run / fa2.run with leftpad_k and no seqlens_k run each window to seqlen_k, as the API does (they raised a
-    config error): the config they hand the launcher reads both, the ends seqlen_k. (The launch itself is stubbed:
-    no GPU here.)"""
+    config error): the config reads both, and ``common.launch`` hands the kernel the ends (seqlen_k) then the first
+    keys. (The kernel itself is stubbed: no GPU here.)"""
     from fa_variants.ampere import fa2
+    from fa_variants.common import launch
     from fa_variants.hopper import fa3
 
     q, k = torch.randn(2, 3, 4, 64, dtype=torch.bfloat16), torch.randn(2, 9, 2, 64, dtype=torch.bfloat16)
     starts = torch.tensor([1, 0], dtype=torch.int32)
     for module in (fa3, fa2):
         seen = {}
-        monkeypatch.setattr(module, "VARIANT", types.SimpleNamespace(run=lambda *a, **kw: seen.update(kw)))
+        monkeypatch.setattr(launch, "launcher", lambda *a, **kw: lambda *args: seen.update(config=kw["config"],
+                                                                                          extra=args[4:]))
         monkeypatch.setattr(module, "scale_config", lambda config, *a: config)
         monkeypatch.setattr(module, "_problem_config", lambda config, *a: config)
         module.run(q, k, k, causal=True, softmax_scale=0.1, leftpad_k=starts,
                    config=module.default_config("sm_90a" if module is fa3 else "sm_80", 64, True))
         assert seen["config"].leftpad_k and seen["config"].seqlens_k, module.__name__
-        assert seen["seqlens_k"].tolist() == [9, 9] and seen["leftpad_k"] is starts
+        ends, first = seen["extra"]
+        assert ends.tolist() == [9, 9] and torch.equal(first, starts)
 
 
 def test_a_host_leftpad_k_alone_inside_capture_is_named(monkeypatch):

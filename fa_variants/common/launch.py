@@ -196,8 +196,8 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             config with ``seqlens_k=True``, e.g. ``hopper.fa3.lengths_config``), after its other arguments; None
             otherwise (ValueError when the two disagree, or for a tensor of the wrong dtype, shape or device).
         leftpad_k: int32 (batch,) on q's device, each sequence's first key (keys [leftpad_k[b], seqlens_k[b])), for
-            a config with ``leftpad_k=True`` (``hopper.fa3.leftpad_config``), passed after seqlens_k; None otherwise
-            (ValueError as for seqlens_k).
+            a config with ``leftpad_k=True`` (``hopper.fa3.leftpad_config``), passed after seqlens_k (seqlen_k for
+            every sequence when seqlens_k is None); None otherwise (ValueError as for seqlens_k).
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
         (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
@@ -206,24 +206,25 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             a grid beyond the hardware limits, an operand that cannot be aligned.
         TypeError: a softmax_scale that is not a real number.
     """
+    from fa_variants.reference import check_seqlens_k
+
+    pads = bool(getattr(config, "leftpad_k", False))
+    if (leftpad_k is not None) != pads:
+        raise ValueError(f"{variant.name}: leftpad_k {'given' if leftpad_k is not None else 'missing'} for a config "
+                         f"with leftpad_k={pads} (pass both, e.g. its leftpad_config, or neither)")
+    if leftpad_k is not None:
+        check_seqlens_k(leftpad_k, q.shape[0], k.shape[1], q.device, values=False, name="leftpad_k")
+        if seqlens_k is None:  # each window runs to seqlen_k
+            seqlens_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
     reads = bool(getattr(config, "seqlens_k", False))
     if (seqlens_k is not None) != reads:
         raise ValueError(f"{variant.name}: seqlens_k {'given' if seqlens_k is not None else 'missing'} for a config "
                          f"with seqlens_k={reads} (pass both, e.g. its lengths_config, or neither)")
     extra = ()
     if seqlens_k is not None:  # the kernel reads it as int32 (batch,) on q's device: checked, the values clamped there
-        from fa_variants.reference import check_seqlens_k
-
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False)
         extra = (seqlens_k.contiguous(),)
-    pads = bool(getattr(config, "leftpad_k", False))
-    if (leftpad_k is not None) != pads:
-        raise ValueError(f"{variant.name}: leftpad_k {'given' if leftpad_k is not None else 'missing'} for a config "
-                         f"with leftpad_k={pads} (pass both, e.g. its leftpad_config, or neither)")
     if leftpad_k is not None:
-        from fa_variants.reference import check_seqlens_k
-
-        check_seqlens_k(leftpad_k, q.shape[0], k.shape[1], q.device, values=False, name="leftpad_k")
         extra += (leftpad_k.contiguous(),)
     return launcher(variant, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)(q, k, v, True, *extra)
 

@@ -891,9 +891,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
             more than 2^31 - 1 CTAs, a non-finite softmax_scale, or an operand TMA cannot address.
     Strides: any 16-byte-aligned strides are read in place (TMA); others are copied first.
     """
-    if leftpad_k is not None and seqlens_k is None:  # each window runs to seqlen_k
-        seqlens_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
-    if seqlens_k is not None:
+    if seqlens_k is not None or leftpad_k is not None:  # (leftpad_k alone: common.launch runs each to seqlen_k)
         window = leftpad_config if leftpad_k is not None else lengths_config
         config = window(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))
     return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k,

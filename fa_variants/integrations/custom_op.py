@@ -188,11 +188,11 @@ def _one_call_windows(mask, seqlen_q: int, seqlen_k: int, batch: int, num_heads:
                                           float_min_blocks=name != "attn_mask")
     except mask_lengths.InexpressibleMask as refused:
         raise _mask_refusal(name, refused.what) from None
-    got = windowed.one_call(windows, seqlen_q)
-    if got is None:
+    single = windowed.one_call_windows(windows, seqlen_q)
+    if single is None:
         raise _mask_refusal(name, "a padded batch whose rows past a sequence's end see its whole window (a causal "
                                   "batch padded on the right) while torch.compile traced it (eagerly it runs)")
-    return got, torch.tensor([[w.end for w in windows], [w.start for w in windows]], dtype=torch.int32)
+    return single
 
 
 @mask_window_op.register_fake
