@@ -44,7 +44,7 @@ import functools
 
 import torch
 
-from fa_variants.common import env, interop, pack_gqa, split, split_combine
+from fa_variants.common import env, interop, launch, pack_gqa, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm80Config, smem_capacity
 from fa_variants.common.launch import SM80_CODE_ARCHS, Variant
@@ -158,15 +158,18 @@ def _build(cfg: StaticConfig):
     kind = kernels.FlashAttention2Sm80
     if cfg.config.seqlens_k:
         kind = kernels.FlashAttention2Sm80LeftpadK if cfg.config.leftpad_k else kernels.FlashAttention2Sm80Lengths
+        if cfg.config.seqlens_q:
+            kind = kernels.FlashAttention2Sm80Windows
     kernel = kind(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     args = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
     if kernel.split:  # fp32 partials of (num_splits * batch) batches (see _plan_call)
         args = args[:3] + split_combine.fake_partials(args[0], cfg.head_dim) + args[5:]
-    if cfg.config.seqlens_k:  # the per-sequence KV lengths (and first keys: leftpad_k), before the stream
+    if cfg.config.seqlens_k:  # the per-sequence KV lengths (first keys: leftpad_k; query counts: seqlens_q), then
+        # the stream
         import cutlass.cute as cute
 
         windows = tuple(interop.fake_tensor("int32", (cute.sym_int(),), 4)
-                        for _ in range(1 + cfg.config.leftpad_k))
+                        for _ in range(1 + cfg.config.leftpad_k + cfg.config.seqlens_q))
         args = args[:-1] + windows + (args[-1],)
     return kernel, args
 
@@ -330,6 +333,11 @@ def leftpad_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm80C
     return dataclasses.replace(lengths_config(q, k, causal, config), leftpad_k=True)
 
 
+def windows_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm80Config | None = None) -> Sm80Config:
+    """`leftpad_config` reading each sequence's query count too (``Sm80Config.seqlens_q``)."""
+    return dataclasses.replace(leftpad_config(q, k, causal, config), seqlens_q=True)
+
+
 def with_lengths(config: Sm80Config) -> Sm80Config:
     """``config`` reading the per-sequence KV lengths in its kernel (``Sm80Config.seqlens_k``): what
     ``lengths_config`` runs and `fa-variants warmup --seqlens-k` compiles."""
@@ -412,7 +420,8 @@ VARIANT = Variant(
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
         config: Sm80Config | None = None, seqlens_k: torch.Tensor | None = None,
-        leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        leftpad_k: torch.Tensor | None = None,
+        seqlens_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FA2 forward on CUDA tensors (`common.launch.launch`).
 
     Args: q (B, Nq, H, D), k and v (B, Nk, Hkv, D), fp16 or bf16, H % Hkv == 0, D in HEAD_DIMS,
@@ -423,11 +432,12 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     `seqlens_k`: optional int32 (batch,) per-sequence KV lengths on q's device, read by the kernel
     (``lengths_config``; values clamped to [0, seqlen_k]: ``fa_variants.attention`` checks them). `leftpad_k`:
     optional int32 (batch,) first keys: keys [leftpad_k[b], seqlens_k[b]) (seqlen_k without seqlens_k;
-    ``leftpad_config``).
+    ``leftpad_config``). `seqlens_q`: optional int32 (batch,) query counts: sequence b's causal diagonal
+    bottom-right against seqlens_q[b] and its key count (``windows_config``).
     Raises ValueError for a shape it cannot serve (head_dim, dtype, H or B above 65535).
     """
-    if seqlens_k is not None or leftpad_k is not None:  # (leftpad_k alone: common.launch runs each to seqlen_k)
-        window = leftpad_config if leftpad_k is not None else lengths_config
+    window = launch.window_config(seqlens_k, leftpad_k, seqlens_q, lengths_config, leftpad_config, windows_config)
+    if window is not None:  # (common.launch fills the tensors the config reads and the caller left out)
         config = window(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))
     return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k,
-                       leftpad_k=leftpad_k)
+                       leftpad_k=leftpad_k, seqlens_q=seqlens_q)

@@ -16,7 +16,7 @@ from cutlass import Float32, Int32, const_expr
 from fa_variants.common import sm80
 from fa_variants.common.config import Sm80Config
 from fa_variants.common.layout import acc_as_operand_a, rows_cols, transpose_view
-from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length, kv_start
+from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length, kv_start, q_length
 from fa_variants.common.scale import LOG2_E
 from fa_variants.common.softmax import OnlineSoftmax
 
@@ -61,7 +61,8 @@ class FlashAttention2Sm80:
     def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                softmax_scale: Float32, stream: cuda.CUstream, lengths: tuple):
         """The host side of ``__call__``; ``lengths``: (seqlens_k,) with ``Sm80Config.seqlens_k``, (seqlens_k,
-        leftpad_k) with ``Sm80Config.leftpad_k`` too, else ()."""
+        leftpad_k) with ``Sm80Config.leftpad_k`` too, (seqlens_k, leftpad_k, seqlens_q) with ``Sm80Config.seqlens_q``
+        too, else ()."""
         D, Br, Bc = self.head_dim, self.Br, self.Bc
         sQ_layout = sm80.smem_layout(self.dtype, Br, D)
         sKV_layout = sm80.smem_layout(self.dtype, Bc, D, self.stages)
@@ -93,6 +94,7 @@ class FlashAttention2Sm80:
         seqlen_k = kv_length(lengths, batch, seqlen_k)  # Sm80Config.seqlens_k: this sequence's keys
         first_key = kv_start(lengths, batch, seqlen_k)  # Sm80Config.leftpad_k: the window's first key (else 0)
         seqlen_k = seqlen_k - first_key
+        diag_q = q_length(lengths, batch, seqlen_q)  # Sm80Config.seqlens_q: the diagonal's query count (else seqlen_q)
         head_kv = head // (mQ.shape[2] // mK.shape[2])  # GQA / MQA
 
         # This CTA's Q tile (Br x D) and the K/V tiles (Bc x D x n) of its KV head (leftpad_k: from first_key on).
@@ -101,7 +103,7 @@ class FlashAttention2Sm80:
             mK_bh, mV_bh = [cute.domain_offset((first_key, 0), t) for t in (mK_bh, mV_bh)]
         kv_lo = kv_hi = 0  # split-KV: this CTA's K/V tiles [kv_lo, kv_hi); unused unsplit
         if const_expr(self.split):  # split s: tiles [s n // S, (s + 1) n // S) of the n its Q tile needs
-            n_total = self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k)
+            n_total = self.blocks.kv_tile_end(m_block, diag_q, seqlen_k)
             kv_lo = split_idx * n_total // num_splits
             kv_hi = (split_idx + 1) * n_total // num_splits
             mK_bh, mV_bh = [cute.domain_offset((kv_lo * Bc, 0), t) for t in (mK_bh, mV_bh)]
@@ -144,13 +146,13 @@ class FlashAttention2Sm80:
         t0ScS = rows_cols(mma.get_slice(0).partition_C(cS))
 
         # the K/V tiles this Q tile visits (causal skipping; split-KV: its range, the keys renumbered)
-        n_end, n_causal, seqlen_k = self.kv_tile_range(m_block, kv_lo, kv_hi, seqlen_q, seqlen_k)
+        n_end, n_causal, seqlen_k = self.kv_tile_range(m_block, kv_lo, kv_hi, diag_q, seqlen_k)
         kv = SimpleNamespace(copy=copy_g2s, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, tKVc=tKVc,
                              seqlen_k=seqlen_k)
         mm = SimpleNamespace(mma=mma, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, s2r_Q=s2r_Q, s2r_K=s2r_K,
                              s2r_V=s2r_V, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt, acc_O=acc_O, O=O,
                              tScS=tScS, t0ScS=t0ScS, softmax=softmax, m_block=m_block,
-                             mask=AttentionMask(seqlen_q, seqlen_k, select=False))
+                             mask=AttentionMask(diag_q, seqlen_k, select=False))
 
         # Line 6: load Q_i (and the first K/V tiles); lines 7-11: the loop over K/V tiles
         self.prologue(kv, tQgQ, tQsQ, tQcQ, seqlen_q - m_block * Br, n_end)
@@ -365,3 +367,15 @@ class FlashAttention2Sm80LeftpadK(FlashAttention2Sm80):
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale: Float32, mSeqlensK: cute.Tensor, mLeftpadK: cute.Tensor, stream: cuda.CUstream):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale, stream, (mSeqlensK, mLeftpadK))
+
+
+class FlashAttention2Sm80Windows(FlashAttention2Sm80):
+    """``FlashAttention2Sm80`` with ``Sm80Config.seqlens_q``: ``__call__`` takes, after softmax_scale, ``mSeqlensK``,
+    ``mLeftpadK`` and ``mSeqlensQ`` (int32, (batch,) each): keys [leftpad_k[b], seqlens_k[b]), the causal diagonal
+    bottom-right against seqlens_q[b] and their count (``common.mask.q_length``)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale: Float32, mSeqlensK: cute.Tensor, mLeftpadK: cute.Tensor, mSeqlensQ: cute.Tensor,
+                 stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale, stream, (mSeqlensK, mLeftpadK, mSeqlensQ))

@@ -49,7 +49,10 @@ class Sm80Config:
     seqlen_k)); the tail tile's rows past the length are not read (cp.async zero-fills them).
 
     leftpad_k (FA2 only): with seqlens_k, keys [leftpad_k[b], seqlens_k[b]) of each sequence, as
-    ``Sm90Config.leftpad_k`` (a second int32 (batch,) tensor after seqlens_k; K and V read from key leftpad_k[b] on)."""
+    ``Sm90Config.leftpad_k`` (a second int32 (batch,) tensor after seqlens_k; K and V read from key leftpad_k[b] on).
+
+    seqlens_q (FA2 only): with leftpad_k, each sequence's query count, as ``Sm90Config.seqlens_q`` (a third int32
+    (batch,) tensor; the causal diagonal of sequence b bottom-right against seqlens_q[b] and its key count)."""
 
     tile_m: int
     tile_n: int
@@ -60,6 +63,7 @@ class Sm80Config:
     pack_gqa: bool = False
     seqlens_k: bool = False
     leftpad_k: bool = False
+    seqlens_q: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         """q_stages Q tiles + stages x (K tile + V tile), bytes."""
@@ -84,7 +88,15 @@ class Sm80Config:
             raise ValueError(f"seqlens_k={one_line(self.seqlens_k)} must be a bool")
         if not isinstance(self.leftpad_k, bool) or (self.leftpad_k and not self.seqlens_k):
             raise ValueError(f"leftpad_k={one_line(self.leftpad_k)} must be a bool, True only with seqlens_k=True")
+        _check_seqlens_q(self)
         return self
+
+
+def _check_seqlens_q(config) -> None:
+    """``seqlens_q``'s rule, the same for both configs: a bool, True only with leftpad_k (the kernels read the three
+    tensors of a window together: ``common.mask.q_length``)."""
+    if not isinstance(config.seqlens_q, bool) or (config.seqlens_q and not config.leftpad_k):
+        raise ValueError(f"seqlens_q={one_line(config.seqlens_q)} must be a bool, True only with leftpad_k=True")
 
 
 WGMMA_M = 64  # rows of one warpgroup MMA instruction (one consumer warpgroup)
@@ -214,6 +226,12 @@ class Sm90Config:
         (each clamped to [0, seqlen_k], the first to the second), causal bottom-right against their count: K and V
         are read from key leftpad_k[b] on (``common.mask.kv_start``), in the same tiles, masks and split ranges as a
         sequence of that many keys. One launch for a left-padded batch (prompt batches, generation with a KV cache).
+    seqlens_q: with leftpad_k, each sequence's query count (a batch padded on the right, its queries too: a padded
+        training batch): the kernel takes a third int32 (batch,) tensor, and sequence b's causal diagonal is
+        bottom-right against clamp(seqlens_q[b], 0, seqlen_q) and its key count (``common.mask.q_length``): query i
+        sees key j of the window iff j <= i + count - seqlens_q[b], so the rows from seqlens_q[b] on (padding) see
+        the whole window, as a causal mask with padding does. Every row is still computed and stored. One launch
+        for a right-padded causal batch, whose per-sequence diagonal seqlens_k alone cannot place.
     """
 
     tile_m: int = 128
@@ -245,6 +263,7 @@ class Sm90Config:
     hoisted_descriptors: bool = False
     seqlens_k: bool = False
     leftpad_k: bool = False
+    seqlens_q: bool = False
 
     #: bytes of a Q, K, V element and of an O element (fa3-fp8's config: e4m3 operands, 1)
     OPERAND_BYTES: ClassVar[int] = 2
@@ -338,6 +357,7 @@ class Sm90Config:
             raise ValueError(f"seqlens_k={one_line(self.seqlens_k)} must be a bool, True only with persistent=False")
         if not isinstance(self.leftpad_k, bool) or (self.leftpad_k and not self.seqlens_k):
             raise ValueError(f"leftpad_k={one_line(self.leftpad_k)} must be a bool, True only with seqlens_k=True")
+        _check_seqlens_q(self)
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

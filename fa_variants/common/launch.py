@@ -151,15 +151,27 @@ class Variant:
         return cache.get_compiled(cfg, self.build)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-            config=None, seqlens_k: torch.Tensor | None = None,
-            leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            config=None, seqlens_k: torch.Tensor | None = None, leftpad_k: torch.Tensor | None = None,
+            seqlens_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention forward: (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log); see `launch`."""
         if self.runner is not None:
-            if seqlens_k is not None or leftpad_k is not None:
-                raise ValueError(f"{self.name}: seqlens_k / leftpad_k are not read by this backend's runner")
+            if seqlens_k is not None or leftpad_k is not None or seqlens_q is not None:
+                raise ValueError(f"{self.name}: seqlens_k / leftpad_k / seqlens_q are not read by this backend's "
+                                 "runner")
             return self.runner(q, k, v, causal=causal, softmax_scale=softmax_scale)
         return launch(self, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k,
-                      leftpad_k=leftpad_k)
+                      leftpad_k=leftpad_k, seqlens_q=seqlens_q)
+
+
+def window_config(seqlens_k, leftpad_k, seqlens_q, lengths: Callable, leftpad: Callable, windows: Callable):
+    """Which of a kernel module's config makers (its lengths_config, leftpad_config, windows_config) serves a call
+    with these per-sequence tensors (each None or given): the one reading the last of them given (`launch` fills
+    the ones before it that the caller left out); None when none is given."""
+    if seqlens_q is not None:
+        return windows
+    if leftpad_k is not None:
+        return leftpad
+    return lengths if seqlens_k is not None else None
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -183,7 +195,8 @@ def _kernel(variant: Variant, device: torch.device, dtype: torch.dtype, head_dim
 
 def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
            softmax_scale: float, config=None, seqlens_k: torch.Tensor | None = None,
-           leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           leftpad_k: torch.Tensor | None = None,
+           seqlens_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a kernel variant on CUDA tensors: ``launcher(...)(q, k, v)``.
 
     Args:
@@ -198,6 +211,10 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         leftpad_k: int32 (batch,) on q's device, each sequence's first key (keys [leftpad_k[b], seqlens_k[b])), for
             a config with ``leftpad_k=True`` (``hopper.fa3.leftpad_config``), passed after seqlens_k (seqlen_k for
             every sequence when seqlens_k is None); None otherwise (ValueError as for seqlens_k).
+        seqlens_q: int32 (batch,) on q's device, each sequence's query count (its causal diagonal bottom-right
+            against it and the window's key count), for a config with ``seqlens_q=True``
+            (``hopper.fa3.windows_config``), passed after leftpad_k (0 for every sequence when leftpad_k is None,
+            seqlen_k when seqlens_k is); None otherwise (ValueError as for seqlens_k).
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
         (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
@@ -208,6 +225,14 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """
     from fa_variants.reference import check_seqlens_k
 
+    counts = bool(getattr(config, "seqlens_q", False))
+    if (seqlens_q is not None) != counts:
+        raise ValueError(f"{variant.name}: seqlens_q {'given' if seqlens_q is not None else 'missing'} for a config "
+                         f"with seqlens_q={counts} (pass both, e.g. its windows_config, or neither)")
+    if seqlens_q is not None:
+        check_seqlens_k(seqlens_q, q.shape[0], q.shape[1], q.device, values=False, name="seqlens_q")
+        if leftpad_k is None:  # each window starts at key 0
+            leftpad_k = torch.zeros((q.shape[0],), dtype=torch.int32, device=q.device)
     pads = bool(getattr(config, "leftpad_k", False))
     if (leftpad_k is not None) != pads:
         raise ValueError(f"{variant.name}: leftpad_k {'given' if leftpad_k is not None else 'missing'} for a config "
@@ -226,6 +251,8 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         extra = (seqlens_k.contiguous(),)
     if leftpad_k is not None:
         extra += (leftpad_k.contiguous(),)
+    if seqlens_q is not None:
+        extra += (seqlens_q.contiguous(),)
     return launcher(variant, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)(q, k, v, True, *extra)
 
 

@@ -65,6 +65,19 @@ def kv_start(lengths: tuple, batch: Int32, end: Int32) -> Int32:
     return Int32(0)
 
 
+@cute.jit
+def q_length(lengths: tuple, batch: Int32, seqlen_q: Int32) -> Int32:
+    """The query count sequence ``batch``'s causal diagonal is aligned to: seqlen_q (Q's padded length), or with
+    ``lengths`` = (seqlens_k, leftpad_k, seqlens_q) (the kernels' ``seqlens_q`` switch: a batch padded on the right,
+    queries too) seqlens_q[batch] clamped to [0, seqlen_q]. Query i then sees key j iff j <= i + n - seqlens_q[b] (n
+    the window's keys): the rows from seqlens_q[b] on see the whole window. Only the diagonal moves: every row is
+    computed and stored (Q's padded rows), so the kernels pass this wherever they pass seqlen_q to `BlockInfo` and
+    `AttentionMask` (whose row bounds past it never drop a key that a row there sees: such rows see every key)."""
+    if const_expr(len(lengths) > 2):
+        return cutlass.min(cutlass.max(lengths[2][batch], Int32(0)), seqlen_q)
+    return seqlen_q
+
+
 @dataclass(frozen=True)
 class BlockInfo:
     """Tile ranges of a (tile_m x tile_n)-tiled attention with bottom-right causal alignment."""

@@ -56,7 +56,7 @@ import os
 
 import torch
 
-from fa_variants.common import env, interop, pack_gqa, split, split_combine, tile_order, workspace
+from fa_variants.common import env, interop, launch, pack_gqa, split, split_combine, tile_order, workspace
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
@@ -465,11 +465,14 @@ def _build(cfg: StaticConfig):
         kind, fused_kind = kernels.FlashAttention3Sm90Lengths, kernels.FlashAttention3Sm90FusedMergeLengths
     if cfg.config.leftpad_k:  # + each sequence's first key, after the lengths
         kind, fused_kind = kernels.FlashAttention3Sm90LeftpadK, kernels.FlashAttention3Sm90FusedMergeLeftpadK
+    if cfg.config.seqlens_q:  # + each sequence's query count, after the first keys
+        kind, fused_kind = kernels.FlashAttention3Sm90Windows, kernels.FlashAttention3Sm90FusedMergeWindows
     kernel = (fused_kind if fused else kind)(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
     int32s = lambda: interop.fake_tensor("int32", (cute.sym_int(),), 4)  # noqa: E731 - a dynamic-length int32 vector
-    # the lengths (seqlens_k) and first keys (leftpad_k) where the config reads them, then the stream
-    end = (*(int32s() for _ in range(cfg.config.seqlens_k + cfg.config.leftpad_k)), stream)
+    # the lengths (seqlens_k), first keys (leftpad_k) and query counts (seqlens_q) where the config reads them, then
+    # the stream
+    end = (*(int32s() for _ in range(cfg.config.seqlens_k + cfg.config.leftpad_k + cfg.config.seqlens_q)), stream)
     if cfg.config.balanced:  # + l2_heads, the grid's CTA count, the tile table (_plan_call)
         return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), int32s(), *end)
     if cfg.config.persistent:  # + l2_heads, the grid's CTA count (_plan_call)
@@ -604,6 +607,12 @@ def leftpad_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm90C
     """`lengths_config` reading each sequence's first key too (``Sm90Config.leftpad_k``: a KV cache padded on the
     left, ``fa_variants.attention(leftpad_k=...)``)."""
     return dataclasses.replace(lengths_config(q, k, causal, config), leftpad_k=True)
+
+
+def windows_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm90Config | None = None) -> Sm90Config:
+    """`leftpad_config` reading each sequence's query count too (``Sm90Config.seqlens_q``: a batch padded on the
+    right, queries too, ``fa_variants.attention(seqlens_q=...)``)."""
+    return dataclasses.replace(leftpad_config(q, k, causal, config), seqlens_q=True)
 
 
 def with_lengths(config: Sm90Config) -> Sm90Config:
@@ -866,7 +875,8 @@ VARIANT = Variant(
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
         config: Sm90Config | None = None, seqlens_k: torch.Tensor | None = None,
-        leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        leftpad_k: torch.Tensor | None = None,
+        seqlens_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FA3 forward on an sm90 GPU (``common.launch.launch``).
 
     Args:
@@ -883,6 +893,9 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
         leftpad_k: optional int32 (batch,) first keys (a KV cache padded on the left): sequence b attends to keys
             [leftpad_k[b], seqlens_k[b]) (seqlen_k for the end without seqlens_k), causal bottom-right against their
             count (``leftpad_config``; clamped in the kernel to [0, seqlens_k[b]]). One launch.
+        seqlens_q: optional int32 (batch,) query counts (a batch padded on the right, queries too): sequence b's
+            causal diagonal bottom-right against seqlens_q[b] and its key count, the rows past seqlens_q[b] seeing
+            the whole window (``windows_config``; clamped in the kernel to [0, seqlen_q]). One launch.
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
         (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
@@ -891,8 +904,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
             more than 2^31 - 1 CTAs, a non-finite softmax_scale, or an operand TMA cannot address.
     Strides: any 16-byte-aligned strides are read in place (TMA); others are copied first.
     """
-    if seqlens_k is not None or leftpad_k is not None:  # (leftpad_k alone: common.launch runs each to seqlen_k)
-        window = leftpad_config if leftpad_k is not None else lengths_config
+    window = launch.window_config(seqlens_k, leftpad_k, seqlens_q, lengths_config, leftpad_config, windows_config)
+    if window is not None:  # (common.launch fills the tensors the config reads and the caller left out)
         config = window(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))
     return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k,
-                       leftpad_k=leftpad_k)
+                       leftpad_k=leftpad_k, seqlens_q=seqlens_q)

@@ -29,7 +29,7 @@ from fa_variants.common import pack_gqa, tile_scheduler
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.layout import convert_in_pairs, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
-from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length, kv_start
+from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length, kv_start, q_length
 from fa_variants.common.sm90 import (WARPGROUP_THREADS, NamedBarrier, hoisted_descriptors, make_row_major_smem_layout,
                                     make_tiled_mma)
 from fa_variants.common.softmax import OnlineSoftmax
@@ -150,7 +150,8 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         ``ctas``: the persistent grid's CTA count (``FlashAttention3Sm90Persistent``), else None; ``order``: (its
         tile table,) with ``Sm90Config.balanced``, else (); ``lengths``: (seqlens_k,) with ``Sm90Config.seqlens_k``
         (int32 (batch,): ``common.mask.kv_length``), (seqlens_k, leftpad_k) with ``Sm90Config.leftpad_k`` too
-        (``common.mask.kv_start``), else ()."""
+        (``common.mask.kv_start``), (seqlens_k, leftpad_k, seqlens_q) with ``Sm90Config.seqlens_q`` too
+        (``common.mask.q_length``), else ()."""
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
         # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
         mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
@@ -308,7 +309,8 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
             seqlen_k = kv_length(lengths, batch, seqlen_k)
             first_key = kv_start(lengths, batch, seqlen_k)  # leftpad_k: K/V viewed from it (_roles)
             seqlen_k = seqlen_k - first_key
-            n_start, n_blocks = self._split_range(m_block, split_idx, num_splits, seqlen_q, seqlen_k)
+            diag_q = q_length(lengths, batch, seqlen_q)  # seqlens_q: the diagonal's query count (else seqlen_q)
+            n_start, n_blocks = self._split_range(m_block, split_idx, num_splits, seqlen_q, seqlen_k, diag_q)
             out_batch = split_idx * mQ.shape[3] + batch  # partials are (num_splits * batch) batches
             # fused merge: what the consumer threads need to merge the query tile when this CTA arrives last
             # (_merge_if_last; its counter index is block_idx // num_splits)
@@ -319,7 +321,8 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
             if n_blocks > 0:
                 self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                             tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,
-                            m_block, head, batch, out_batch, n_start, n_blocks, seqlen_q, seqlen_k, first_key, last)
+                            m_block, head, batch, out_batch, n_start, n_blocks, seqlen_q, seqlen_k, first_key, diag_q,
+                            last)
             else:  # no K/V tile for this split: LSE -inf tells the merge to ignore its (unwritten) O
                 row = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # consumer thread i: query row i of the tile
                 if row >= 0:
@@ -336,18 +339,20 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
             seqlen_k = kv_length(lengths, batch, seqlen_k)
             first_key = kv_start(lengths, batch, seqlen_k)
             seqlen_k = seqlen_k - first_key
-            n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+            diag_q = q_length(lengths, batch, seqlen_q)
+            n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k, diag_q)
             self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                         tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,
-                        m_block, head, batch, batch, 0, n_blocks, seqlen_q, seqlen_k, first_key)
+                        m_block, head, batch, batch, 0, n_blocks, seqlen_q, seqlen_k, first_key, diag_q)
 
     @cute.jit
     def _roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk, tiled_mma_pv,
                pipe_q, pipe_k, pipe_v, scale_log2: Float32, qhead_per_kvhead: Int32, extras: tuple, warp_idx: Int32,
                m_block: Int32, head: Int32, batch: Int32, out_batch: Int32, n_start, n_blocks: Int32,
-               seqlen_q: Int32, seqlen_k: Int32, first_key: Int32, last: tuple = ()):
+               seqlen_q: Int32, seqlen_k: Int32, first_key: Int32, diag_q: Int32, last: tuple = ()):
         """Producer warp and consumer warpgroups of one CTA over K/V tiles [n_start, n_start + n_blocks) of K and V
-        from key ``first_key`` on (``Sm90Config.leftpad_k``; 0 otherwise, unused); ``last`` (fused split merge): the
+        from key ``first_key`` on (``Sm90Config.leftpad_k``; 0 otherwise, unused), the causal diagonal aligned to
+        ``diag_q`` query rows (``common.mask.q_length``); ``last`` (fused split merge): the
         consumers then run ``_merge_if_last`` with it (inside their branch: code after the producer's register
         decrease joins it would be held to the producer's registers)."""
         if warp_idx < WARPGROUP_THREADS // 32:
@@ -369,7 +374,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
             self.consumer(
                 mO[None, None, head, out_batch], mLSE[None, head, out_batch], sQ, sK, sV, sO, tma_o,
                 tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
-                m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch, n_start,
+                m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch, n_start, diag_q=diag_q,
             )
             if const_expr(self.fused_merge):
                 self._merge_if_last(mO, mLSE, m_block, head, batch, *last)
@@ -380,12 +385,14 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
     def consumer(
         self, mO, mLSE, sQ, sK, sV, sO, tma_o, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
         scale_log2: Float32, m_block: Int32, n_blocks: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        extras: tuple, head: Int32, batch: Int32, n_start, states: tuple = (),
+        extras: tuple, head: Int32, batch: Int32, n_start, states: tuple = (), diag_q=None,
     ):
         """FA3 Algorithm 1 (consumer side) for this warpgroup's 64 rows of the Q tile. ``states``: (Q, K, V)
         consumer states carried from the previous tile (persistent; the ping-pong turn was handed out once by
         ``_roles_persistent``), returned advanced past this tile; Q's buffer is released for the next tile's Q
-        after the last S GEMM (O in its own buffer) or after the TMA store has read O from it."""
+        after the last S GEMM (O in its own buffer) or after the TMA store has read O from it. ``diag_q``: the
+        query count the causal diagonal is aligned to (``common.mask.q_length``; None: seqlen_q)."""
+        diag_q = seqlen_q if const_expr(diag_q is None) else diag_q
         tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # 0 .. 128 * num_wg - 1
         wg = cute.arch.make_warp_uniform(tidx // WARPGROUP_THREADS)
 
@@ -413,7 +420,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         ctx = self._step_context((
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
             softmax, pipe_k, pipe_v, self._q_start(m_block, seqlen_q),
-            AttentionMask(seqlen_q, seqlen_k, qhead_per_kvhead=max(self.pack_group, 1)), alpha_prev, sV,
+            AttentionMask(diag_q, seqlen_k, qhead_per_kvhead=max(self.pack_group, 1)), alpha_prev, sV,
         ), extras, m_block, head, batch)
         if const_expr(not ctx.overwrites_o()):
             acc_O.fill(0.0)
@@ -429,9 +436,9 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         n_masked = 0
         if const_expr(self.causal):
             if const_expr(self._tail_first()):
-                first_masked = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k, self._q_start(m_block, seqlen_q))
+                first_masked = self.blocks.kv_tile_causal_start(m_block, diag_q, seqlen_k, self._q_start(m_block, seqlen_q))
             else:
-                first_masked = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k)
+                first_masked = self.blocks.kv_tile_causal_start(m_block, diag_q, seqlen_k)
             if const_expr(self.split):  # tiles of this range at or past first_masked, but the first one
                 first_masked = cutlass.max(first_masked, n_start)
             n_masked = cutlass.max(self._tile(n_start, n_blocks) - 1 - first_masked, 0)
@@ -598,6 +605,19 @@ class FlashAttention3Sm90LeftpadK(FlashAttention3Sm90):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, lengths=(mSeqlensK, mLeftpadK))
 
 
+class FlashAttention3Sm90Windows(FlashAttention3Sm90):
+    """``FlashAttention3Sm90`` with ``Sm90Config.seqlens_q``: ``__call__`` takes, after l2_heads, ``mSeqlensK``,
+    ``mLeftpadK`` (as ``FlashAttention3Sm90LeftpadK``) and ``mSeqlensQ`` (int32, (batch,) each): sequence b's causal
+    diagonal bottom-right against seqlens_q[b] and its key count (``common.mask.q_length``)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, l2_heads: Int32, mSeqlensK: cute.Tensor, mLeftpadK: cute.Tensor,
+                 mSeqlensQ: cute.Tensor, stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream,
+                    lengths=(mSeqlensK, mLeftpadK, mSeqlensQ))
+
+
 class FlashAttention3Sm90FusedMerge(FlashAttention3Sm90):
     """``FlashAttention3Sm90`` with split-KV and the merge in the same kernel (``Sm90Config.fused_merge``):
     ``__call__`` takes the fp32 partials (mO (S*B, Nq, H, D), mLSE (S*B, H, Nq)) where the split kernel does, then
@@ -633,3 +653,16 @@ class FlashAttention3Sm90FusedMergeLeftpadK(FlashAttention3Sm90FusedMerge):
                  mCount: cute.Tensor, mSeqlensK: cute.Tensor, mLeftpadK: cute.Tensor, stream: cuda.CUstream):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, merge=(mOut, mLSEout, mCount),
                     lengths=(mSeqlensK, mLeftpadK))
+
+
+class FlashAttention3Sm90FusedMergeWindows(FlashAttention3Sm90FusedMerge):
+    """``FlashAttention3Sm90FusedMerge`` with ``Sm90Config.seqlens_q``: ``__call__`` takes, after the counters,
+    ``mSeqlensK``, ``mLeftpadK`` and ``mSeqlensQ`` (int32, (batch,) each), as ``FlashAttention3Sm90Windows``."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, l2_heads: Int32, mOut: cute.Tensor, mLSEout: cute.Tensor,
+                 mCount: cute.Tensor, mSeqlensK: cute.Tensor, mLeftpadK: cute.Tensor, mSeqlensQ: cute.Tensor,
+                 stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, merge=(mOut, mLSEout, mCount),
+                    lengths=(mSeqlensK, mLeftpadK, mSeqlensQ))

@@ -30,13 +30,15 @@ class Fa3Schedule:
         return tile_scheduler.tile_coords(bid, num_m_blocks, num_heads, batches, l2_heads, self.causal)
 
     @cute.jit
-    def _num_kv_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
+    def _num_kv_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, diag_q=None) -> Int32:
         """K/V tiles [0, n_blocks) that the Q tile m_block sees (``common.mask.kv_tile_end``: causal
         skips the tiles past the diagonal of its last row). A tile whose rows see no key still runs
-        tile 0, all masked, which gives O = 0 and LSE = -inf without a special path."""
+        tile 0, all masked, which gives O = 0 and LSE = -inf without a special path. ``diag_q``: the query count
+        the diagonal is aligned to (``common.mask.q_length``; None: seqlen_q)."""
+        diag_q = seqlen_q if const_expr(diag_q is None) else diag_q
         if const_expr(self._tail_first()):
-            return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k, self._q_start(m_block, seqlen_q)), 1)
-        return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k), 1)
+            return cutlass.max(self.blocks.kv_tile_end(m_block, diag_q, seqlen_k, self._q_start(m_block, seqlen_q)), 1)
+        return cutlass.max(self.blocks.kv_tile_end(m_block, diag_q, seqlen_k), 1)
 
     def _tail_first(self) -> bool:
         """``Sm90Config.q_tail_first`` in effect (causal kernels only; a non-causal kernel compiles without it)."""

@@ -34,10 +34,12 @@ class Fa3SplitKV:
         return rest % num_m_blocks, hb % num_heads, hb // num_heads, split
 
     @cute.jit
-    def _split_range(self, m_block: Int32, split: Int32, num_splits: Int32, seqlen_q: Int32, seqlen_k: Int32):
+    def _split_range(self, m_block: Int32, split: Int32, num_splits: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                     diag_q: Int32):
         """(first tile, tile count) of this split: tiles [s n // S, (s + 1) n // S) of the n the query tile
-        needs (``common.split.split_ranges``); the count is <= 0 for an empty split."""
-        n_total = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+        needs (``common.split.split_ranges``; ``diag_q`` as ``_num_kv_blocks``'); the count is <= 0 for an empty
+        split."""
+        n_total = self._num_kv_blocks(m_block, seqlen_q, seqlen_k, diag_q)
         n_start = split * n_total // num_splits
         return n_start, (split + 1) * n_total // num_splits - n_start
 
