@@ -85,7 +85,8 @@ def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, 
     skips the value check, which reads the tensor back to the host (a device sync; impossible during CUDA-graph
     capture).
     ``host_ok``: a CPU tensor is accepted too (``fa_variants.attention`` copies it to q's device). ``name``: the
-    argument the errors name (``leftpad_k``, the first keys, is checked the same way)."""
+    argument the errors name (``leftpad_k``, the first keys, is checked the same way, and ``seqlens_q``, the query
+    counts, against ``seqlen_k`` = seqlen_q)."""
     if not isinstance(seqlens_k, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(seqlens_k).__name__}")
     if seqlens_k.layout != torch.strided or seqlens_k.is_nested:  # (else a deep error from aminmax or .shape)
@@ -104,7 +105,12 @@ def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, 
         lo, hi = int(lo), int(hi)
         if lo < 0 or hi > seqlen_k:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"{name} holds {bad}, outside [0, seqlen_k = {seqlen_k}]")
+            raise ValueError(f"{name} holds {bad}, outside [0, {_limit_name(name)} = {seqlen_k}]")
+
+
+def _limit_name(name: str) -> str:
+    """What bounds the values of the per-sequence tensor ``name``: seqlen_q for seqlens_q, else seqlen_k."""
+    return "seqlen_q" if name == "seqlens_q" else "seqlen_k"
 
 
 def _refuse_vmapped(t: torch.Tensor, name: str) -> None:
@@ -141,14 +147,22 @@ def check_leftpad_k(leftpad_k, seqlens_k, batch: int, seqlen_k: int, device: tor
 
 def key_windows(seqlens_k: torch.Tensor | None, leftpad_k: torch.Tensor | None, batch: int,
                 seqlen_k: int) -> list[tuple[int, int]]:
-    """Each sequence's keys [start, end) on the host (one read of each tensor given): end seqlens_k[b] (seqlen_k
+    """Each sequence's keys [start, end) on the host (one read of the tensors given): end seqlens_k[b] (seqlen_k
     without), start leftpad_k[b] (0 without)."""
-    if seqlens_k is not None and leftpad_k is not None:  # one read of both
-        starts, ends = torch.stack([leftpad_k, seqlens_k.to(leftpad_k.device)]).tolist()
-        return list(zip(starts, ends))
-    ends = seqlens_k.tolist() if seqlens_k is not None else [seqlen_k] * batch
-    starts = leftpad_k.tolist() if leftpad_k is not None else [0] * batch
-    return list(zip(starts, ends))
+    return [(start, end) for start, end, _ in sequence_windows(seqlens_k, leftpad_k, None, batch, seqlen_k, 0)]
+
+
+def sequence_windows(seqlens_k: torch.Tensor | None, leftpad_k: torch.Tensor | None, seqlens_q: torch.Tensor | None,
+                     batch: int, seqlen_k: int, seqlen_q: int) -> list[tuple[int, int, int]]:
+    """Each sequence's (start, end, rows) on the host, the tensors given read back at once (one device sync): keys
+    [leftpad_k[b], seqlens_k[b]) (0 and seqlen_k without them), rows = seqlens_q[b] (seqlen_q without): the query
+    count its causal diagonal is aligned to (``attention_reference``)."""
+    given = [t for t in (leftpad_k, seqlens_k, seqlens_q) if t is not None]
+    read = iter(torch.stack([t.to(given[0].device) for t in given]).tolist() if given else [])
+    starts = next(read) if leftpad_k is not None else [0] * batch
+    ends = next(read) if seqlens_k is not None else [seqlen_k] * batch
+    rows = next(read) if seqlens_q is not None else [seqlen_q] * batch
+    return list(zip(starts, ends, rows))
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -156,7 +170,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
                         dtype: torch.dtype = torch.float64,
                         seqlens_k: torch.Tensor | None = None,
                         lse_dtype: torch.dtype | None = None,
-                        leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        leftpad_k: torch.Tensor | None = None,
+                        seqlens_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward, softmax(scale * Q K^T) V, with its log-sum-exp, in plain PyTorch.
 
     Args:
@@ -174,6 +189,12 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
             sequence b attends to keys [leftpad_k[b], seqlens_k[b]) (seqlen_k for the end without seqlens_k), as if
             k, v were k[b, leftpad_k[b]:seqlens_k[b]], causal bottom-right against their count; the keys before
             are never read. Checked by ``check_leftpad_k`` (0 <= leftpad_k[b] <= the end).
+        seqlens_q: optional int32 (batch,) query counts (a batch padded on the right, its queries too; flash-attn's
+            ``seqused_q``): sequence b's causal diagonal is bottom-right against seqlens_q[b] and its key count n,
+            query i seeing key j of its window iff j <= i + n - seqlens_q[b]; the rows from seqlens_q[b] on (its
+            padding) see the whole window, as they do under a causal mask with padding (transformers' and
+            SDPA's), and are computed like the others. No effect without causal. Checked as seqlens_k is, against
+            seqlen_q (0 <= seqlens_q[b] <= seqlen_q).
         dtype: the precision of the maths.
             ``torch.float64`` / ``torch.float32``: everything in that dtype (the exact reference).
             ``torch.float16`` / ``torch.bfloat16``: the same maths as PyTorch does it in that dtype:
@@ -204,17 +225,21 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):  # its dtype, not autocast's
         with torch.autocast(device_type, enabled=False):
             return attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype,
-                                       seqlens_k=seqlens_k, lse_dtype=lse_dtype, leftpad_k=leftpad_k)
+                                       seqlens_k=seqlens_k, lse_dtype=lse_dtype, leftpad_k=leftpad_k,
+                                       seqlens_q=seqlens_q)
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     if seqlens_k is not None:
         check_seqlens_k(seqlens_k, batch, seqlen_k, q.device, values=leftpad_k is None)
     if leftpad_k is not None:  # (seqlens_k's values too, in the same read)
         check_leftpad_k(leftpad_k, seqlens_k, batch, seqlen_k, q.device)
-    windows = [t for t in (seqlens_k, leftpad_k) if t is not None]
+    if seqlens_q is not None:
+        check_seqlens_k(seqlens_q, batch, seqlen_q, q.device, name="seqlens_q")
+        seqlens_q = seqlens_q if causal else None  # (the diagonal is all it moves)
+    windows = [t for t in (seqlens_k, leftpad_k, seqlens_q) if t is not None]
     if windows and batch > 0 and all(t.device.type != "meta" for t in windows):  # meta: shapes only, below
-        return _per_sequence(q, k, v, key_windows(seqlens_k, leftpad_k, batch, seqlen_k), causal=causal,
-                             softmax_scale=softmax_scale, dtype=dtype, lse_dtype=lse_dtype)
+        return _per_sequence(q, k, v, sequence_windows(seqlens_k, leftpad_k, seqlens_q, batch, seqlen_k, seqlen_q),
+                             causal=causal, softmax_scale=softmax_scale, dtype=dtype, lse_dtype=lse_dtype)
     scale = default_softmax_scale(head_dim) if softmax_scale is None else float(softmax_scale)
     low = dtype not in _FULL_PRECISION
     if lse_dtype not in (None, torch.float32, torch.float64):
@@ -303,19 +328,34 @@ def _check_reference_inputs(q, k, v, dtype, softmax_scale, causal) -> None:
         raise ValueError(f"q has head_dim {q.shape[3]} but k has {k.shape[3]}; they must match (v's may differ)")
 
 
-def _per_sequence(q, k, v, windows: list[tuple[int, int]], **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """attention_reference per group of sequences sharing one key window [start, end), on k[:, start:end]."""
-    groups: dict[tuple[int, int], list[int]] = {}
+def _per_sequence(q, k, v, windows: list[tuple[int, int, int]], causal: bool,
+                  **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """attention_reference per group of sequences sharing one window (start, end, rows) (`sequence_windows`), on
+    k[:, start:end]: causal, its first ``rows`` query rows bottom-right against the window and the rest of them
+    seeing all of it (`row_parts`)."""
+    groups: dict[tuple[int, int, int], list[int]] = {}
     for b, window in enumerate(windows):
         groups.setdefault(window, []).append(b)
     outs, lses = [None] * len(windows), [None] * len(windows)
-    for (start, end), rows in groups.items():
-        index = torch.tensor(rows, device=q.device)
-        o, l = attention_reference(q.index_select(0, index), k.index_select(0, index)[:, start:end],
-                                   v.index_select(0, index)[:, start:end], **kwargs)
-        for i, b in enumerate(rows):
+    for (start, end, count), members in groups.items():
+        index = torch.tensor(members, device=q.device)
+        qg = q.index_select(0, index)
+        kg, vg = (t.index_select(0, index)[:, start:end] for t in (k, v))
+        parts = [attention_reference(qg[:, rows], kg, vg, causal=part_causal, **kwargs)
+                 for rows, part_causal in row_parts(count, q.shape[1], causal)]
+        o, l = torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 2)
+        for i, b in enumerate(members):
             outs[b], lses[b] = o[i], l[i]
     return torch.stack(outs), torch.stack(lses)
+
+
+def row_parts(count: int, seqlen_q: int, causal: bool) -> list[tuple[slice, bool]]:
+    """The query rows of a sequence whose causal diagonal is aligned to its first ``count`` rows (``seqlens_q``), as
+    plain calls on its key window: [(rows [0, count), causal), (rows [count, seqlen_q), full)], the empty one left
+    out; without causal (or count = seqlen_q) one part, every row."""
+    if not causal or count >= seqlen_q:
+        return [(slice(0, seqlen_q), causal)]
+    return [part for part in ((slice(0, count), True), (slice(count, seqlen_q), False)) if part[0].stop > part[0].start]
 
 
 def _nonfinite_keys(v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
@@ -440,7 +480,8 @@ def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None,
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
         softmax_scale: float, seqlens_k: torch.Tensor | None = None,
-        partial: bool = False, leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        partial: bool = False, leftpad_k: torch.Tensor | None = None,
+        seqlens_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``reference`` backend (kernel module contract): float32 maths (float64 for float64 inputs).
 
     Returns (out, lse): out (batch, seqlen_q, num_heads, head_dim) in q.dtype, lse float32 (batch, num_heads,
@@ -452,7 +493,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype,
                                    seqlens_k=seqlens_k, lse_dtype=torch.float64 if partial else None,
-                                   leftpad_k=leftpad_k)
+                                   leftpad_k=leftpad_k, seqlens_q=seqlens_q)
     if partial:
         return out, lse
     return out.to(q.dtype), lse.float()
@@ -468,7 +509,8 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
                  v: torch.Tensor, *, causal: bool, softmax_scale: float,
                  seqlens_k: torch.Tensor | None = None,
                  chunk_elements: int | None = None,
-                 leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 leftpad_k: torch.Tensor | None = None,
+                 seqlens_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) of ``run``'s (out, lse) for upstream gradients (grad_out, grad_lse), written out
     (no autograd: the custom op's backward calls it where autograd is off), in ``run``'s precision.
 
@@ -480,7 +522,8 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     rounding error that scale multiplies. A key a row cannot see gets dP = 0 and dS = 0, so an inf / NaN in V or K
     there gives no NaN (it contributes exactly 0 to the output too). ``seqlens_k`` (``run``'s): each sequence's gradients
     from its own first seqlens_k[b] keys; dK, dV are 0 past them (``leftpad_k``: from keys [leftpad_k[b], seqlens_k[b]),
-    dK, dV 0 outside). Shapes as ``run``'s inputs; q.dtype out.
+    dK, dV 0 outside; ``seqlens_q``: the causal diagonal of each sequence aligned to its query count, `row_parts`).
+    Shapes as ``run``'s inputs; q.dtype out.
 
     Memory: the query rows go in chunks (FlashAttention-2's backward, Algorithm 2, with the roles of its loops
     swapped: here the outer loop runs over query rows and each chunk sees all its keys, so its softmax is exact
@@ -489,13 +532,19 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     Causal chunks stop at the last key their last row sees. The rows do not interact, so the result is the unchunked
     one up to the order of dK's and dV's sums.
     """
-    if (seqlens_k is not None or leftpad_k is not None) and q.shape[0] > 0:
+    seqlens_q = seqlens_q if causal else None  # (the diagonal is all it moves)
+    if any(t is not None for t in (seqlens_k, leftpad_k, seqlens_q)) and q.shape[0] > 0:
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for b, (start, end) in enumerate(key_windows(seqlens_k, leftpad_k, q.shape[0], k.shape[1])):
+        windows = sequence_windows(seqlens_k, leftpad_k, seqlens_q, q.shape[0], k.shape[1], q.shape[1])
+        for b, (start, end, count) in enumerate(windows):
             keys = slice(start, max(start, end))
-            g = run_backward(grad_out[b:b + 1], grad_lse[b:b + 1], q[b:b + 1], k[b:b + 1, keys], v[b:b + 1, keys],
-                             causal=causal, softmax_scale=softmax_scale, chunk_elements=chunk_elements)
-            dq[b], dk[b, keys], dv[b, keys] = g[0][0], g[1][0], g[2][0]
+            for rows, part_causal in row_parts(count, q.shape[1], causal):
+                g = run_backward(grad_out[b:b + 1, rows], grad_lse[b:b + 1, :, rows], q[b:b + 1, rows],
+                                 k[b:b + 1, keys], v[b:b + 1, keys], causal=part_causal, softmax_scale=softmax_scale,
+                                 chunk_elements=chunk_elements)
+                dq[b, rows] = g[0][0]
+                dk[b, keys] += g[1][0]
+                dv[b, keys] += g[2][0]
         return dq, dk, dv
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, seqlen_q, num_heads, head_dim = q.shape
@@ -554,7 +603,7 @@ class References:
 
 def references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                softmax_scale: float | None = None, seqlens_k: torch.Tensor | None = None,
-               leftpad_k: torch.Tensor | None = None) -> References:
+               leftpad_k: torch.Tensor | None = None, seqlens_q: torch.Tensor | None = None) -> References:
     """Both references for one input, computed on q's device (compute once, check many backends).
 
     Raises:
@@ -564,9 +613,9 @@ def references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: boo
         raise ValueError(f"no same-dtype PyTorch reference for {q.dtype}; FP8 uses its own emulation "
                          "reference with a stated bound")
     out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=torch.float64,
-                                   seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+                                   seqlens_k=seqlens_k, leftpad_k=leftpad_k, seqlens_q=seqlens_q)
     out_t, lse_t = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=q.dtype,
-                                       seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+                                       seqlens_k=seqlens_k, leftpad_k=leftpad_k, seqlens_q=seqlens_q)
     return References(out, lse, out_t, lse_t)
 
 
@@ -621,7 +670,7 @@ def _rule(err_kernel: float, err_torch: float) -> Check:
 def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             causal: bool = False, softmax_scale: float | None = None, *,
                             refs: References | None = None, seqlens_k: torch.Tensor | None = None,
-                            leftpad_k: torch.Tensor | None = None) -> Check:
+                            leftpad_k: torch.Tensor | None = None, seqlens_q: torch.Tensor | None = None) -> Check:
     """The testing rule for a kernel's output: err(out) <= 2 * err(torch same dtype) + 1e-5.
 
     err(x) = max |x - exact float64 reference|. NaN in ``out`` always fails, and so does a non-finite
@@ -630,8 +679,8 @@ def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     Args:
         out: (batch, seqlen_q, num_heads, head_dim), the kernel's output for (q, k, v).
         refs: precomputed ``references(q, k, v, ...)`` (saves recomputing for several backends).
-        seqlens_k, leftpad_k: the per-sequence key windows ``out`` was computed with (``attention_reference``), when
-            ``refs`` is not given.
+        seqlens_k, leftpad_k, seqlens_q: the per-sequence windows ``out`` was computed with
+            (``attention_reference``), when ``refs`` is not given.
 
     Returns:
         Check(ok, err_kernel, err_torch, bound), a NamedTuple (unpacks as a 4-tuple).
@@ -640,28 +689,30 @@ def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         TypeError: out not a tensor, refs not a ``References``; what ``attention_reference`` raises for the
             inputs. ValueError: out's shape not the reference's.
     """
-    refs = _refs(out, "out", q, k, v, causal, softmax_scale, refs, seqlens_k, leftpad_k)
+    refs = _refs(out, "out", q, k, v, causal, softmax_scale, refs, seqlens_k, leftpad_k, seqlens_q)
     return _rule(max_abs_error(out, refs.out), max_abs_error(refs.out_torch, refs.out))
 
 
-def _refs(x, name: str, q, k, v, causal, softmax_scale, refs, seqlens_k, leftpad_k=None) -> "References":
+def _refs(x, name: str, q, k, v, causal, softmax_scale, refs, seqlens_k, leftpad_k=None,
+          seqlens_q=None) -> "References":
     """``refs``, or the references of these inputs; x (the checked output, ``name``) a tensor, refs a References."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if refs is not None and not isinstance(refs, References):
         raise TypeError(f"refs must be a References (fa_variants.reference.references(...)), got {type(refs).__name__}")
     return refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k,
-                              leftpad_k=leftpad_k)
+                              leftpad_k=leftpad_k, seqlens_q=seqlens_q)
 
 
 def check_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               causal: bool = False, softmax_scale: float | None = None, *,
               refs: References | None = None, seqlens_k: torch.Tensor | None = None,
-              leftpad_k: torch.Tensor | None = None) -> Check:
+              leftpad_k: torch.Tensor | None = None, seqlens_q: torch.Tensor | None = None) -> Check:
     """The same rule for the LSE (batch, num_heads, seqlen_q): err(lse) <= 2 * err(torch lse) + 1e-5.
 
     Rows that see no key must hold exactly -inf (a finite value there is an infinite error). ``refs`` and
-    ``seqlens_k`` and ``leftpad_k`` as for ``check_against_reference``, and the same errors (naming lse).
+    ``seqlens_k``, ``leftpad_k`` and ``seqlens_q`` as for ``check_against_reference``, and the same errors (naming
+    lse).
     """
-    refs = _refs(lse, "lse", q, k, v, causal, softmax_scale, refs, seqlens_k, leftpad_k)
+    refs = _refs(lse, "lse", q, k, v, causal, softmax_scale, refs, seqlens_k, leftpad_k, seqlens_q)
     return _rule(max_abs_error(lse, refs.lse), max_abs_error(refs.lse_torch, refs.lse))

@@ -33,7 +33,7 @@
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 help_from_header "$@"
-PART2="tests/test_torch_compile.py tests/test_seqlens_k_gpu.py tests/test_leftpad_k_gpu.py tests/test_nonfinite_gpu.py tests/test_kernels_gpu.py
+PART2="tests/test_torch_compile.py tests/test_seqlens_k_gpu.py tests/test_leftpad_k_gpu.py tests/test_seqlens_q_gpu.py tests/test_nonfinite_gpu.py tests/test_kernels_gpu.py
   tests/test_fp8_study_model.py tests/test_backward_gpu.py"
 PART4="tests/test_fp8_quant_shift.py tests/test_fp8_quant_nonfinite.py tests/test_fp8_quant_kernel.py"
 PART1="tests/test_bench.py tests/test_cache_gpu.py tests/test_compile.py tests/test_decode_fused_gpu.py

@@ -255,12 +255,14 @@ def assert_backward_mode_keeps_pytorch(monkeypatch, mode: str, cases) -> None:
 def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None, *,
                         seqlens_k: torch.Tensor | None = None, refs: References | None = None,
-                        what: str = "", leftpad_k: torch.Tensor | None = None) -> References:
+                        what: str = "", leftpad_k: torch.Tensor | None = None,
+                        seqlens_q: torch.Tensor | None = None) -> References:
     """Asserts that ``out`` (and ``lse``, unless None) is attention(q, k, v) under the project's rule: shapes
     and dtypes as ``fa_variants.attention`` returns them, no NaN, the output and LSE within their bounds. With
     ``seqlens_k`` (per-sequence KV lengths) the reference attends to each sequence's first keys only, and the
     rows of a length-0 sequence must be 0 with LSE -inf (``leftpad_k`` too: keys [leftpad_k[b], seqlens_k[b]), an
-    empty window's rows 0). Returns the references (pass them to the next check of the same inputs)."""
+    empty window's rows 0; ``seqlens_q``: each sequence's causal diagonal aligned to its query count). Returns the
+    references (pass them to the next check of the same inputs)."""
     where = f"{what}: " if what else ""
     assert out.shape == q.shape and out.dtype == q.dtype, f"{where}out {tuple(out.shape)} {out.dtype}"
     assert not torch.isnan(out).any(), f"{where}NaN in the output (an element the kernel did not write?)"
@@ -269,7 +271,7 @@ def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Te
         assert (out[empty] == 0).all(), f"{where}a length-0 sequence's output is not 0"
         assert lse is None or (lse[empty] == -math.inf).all(), f"{where}a length-0 sequence's LSE is not -inf"
     refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k,
-                              leftpad_k=leftpad_k)
+                              leftpad_k=leftpad_k, seqlens_q=seqlens_q)
     check = check_against_reference(out, q, k, v, causal, softmax_scale, refs=refs)
     assert check.ok, f"{where}output: {check}"
     if lse is not None:
