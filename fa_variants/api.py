@@ -19,7 +19,8 @@ from fa_variants.common import batch_groups, launch, mask_lengths, mask_windows,
 from fa_variants.common.checks import one_line
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
-from fa_variants.reference import check_leftpad_k, check_seqlens_k, default_softmax_scale, key_windows
+from fa_variants.reference import (check_leftpad_k, check_seqlens_k, check_window_values, default_softmax_scale,
+                                   row_parts, sequence_windows)
 from fa_variants.reference import run as reference_run
 from fa_variants.common import switches
 
@@ -322,7 +323,7 @@ def _transform(q, k, v) -> str | None:
 
 
 def _traced_under_transforms(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k, num_splits,
-                             pack_gqa, leftpad_k=None):
+                             pack_gqa, leftpad_k=None, seqlens_q=None):
     """A call that torch.compile traces inside torch.func transforms (``torch.compile(torch.func.grad(f))``: grad,
     vjp, jacrev, vmap, ...). The custom ops cannot serve there (PyTorch runs a custom op's autograd as an
     autograd.Function without torch.func support, and refuses it under a transform), so the reference backend's
@@ -334,9 +335,9 @@ def _traced_under_transforms(q, k, v, causal: bool, scale: float | None, backend
     if name != "reference":
         raise NotImplementedError(f"backend {name or 'auto'} on {q.device.type} inside torch.func transforms under "
                                   "torch.compile: only backend='reference' runs there (plain PyTorch); name it")
-    if any(x is not None for x in (seqlens_k, leftpad_k, num_splits, pack_gqa)):
-        raise NotImplementedError("seqlens_k, leftpad_k, num_splits and pack_gqa are not supported inside torch.func "
-                                  "transforms under torch.compile; run the call eagerly")
+    if any(x is not None for x in (seqlens_k, leftpad_k, seqlens_q, num_splits, pack_gqa)):
+        raise NotImplementedError("seqlens_k, leftpad_k, seqlens_q, num_splits and pack_gqa are not supported inside "
+                                  "torch.func transforms under torch.compile; run the call eagerly")
     return reference_run(q, k, v, causal=causal,
                          softmax_scale=default_softmax_scale(q.shape[-1]) if scale is None else scale)
 
@@ -354,14 +355,16 @@ def _check_transforms(q, k, v, causal: bool, backend: str) -> None:
 
 
 def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor | None,
-                    tracing: bool, leftpad_k: torch.Tensor | None = None):
-    """attention with per-sequence KV lengths (and first keys, ``leftpad_k``: seqlens_k None is every sequence's
-    seqlen_k then): fa3 and fa2 read them in their kernels (one launch for the batch, no host read-back: CUDA-graph
-    capturable; the plan kept per call kind as `dispatch_and_run` keeps one); the reference reads them itself; fa1
-    and fa3-fp8 run once per distinct key window on the sequences of that window and k, v cut to it (the lengths read
-    back: not under CUDA-graph capture)."""
+                    tracing: bool, leftpad_k: torch.Tensor | None = None, seqlens_q: torch.Tensor | None = None):
+    """attention with per-sequence KV lengths (and first keys, ``leftpad_k``, and query counts, ``seqlens_q``:
+    seqlens_k None is every sequence's seqlen_k then): fa3 and fa2 read them in their kernels (one launch for the
+    batch, no host read-back: CUDA-graph capturable; the plan kept per call kind as `dispatch_and_run` keeps one);
+    the reference reads them itself; fa1 and fa3-fp8 run once per distinct window on the sequences of that window and
+    k, v cut to it (the tensors read back: not under CUDA-graph capture)."""
+    if seqlens_q is not None:  # checked first: a call given seqlens_q alone has its errors name it
+        check_seqlens_k(seqlens_q, q.shape[0], q.shape[1], q.device, values=False, host_ok=True, name="seqlens_q")
     if seqlens_k is None:
-        seqlens_k = _full_ends(q, k, leftpad_k)
+        seqlens_k = _full_ends(q, k, leftpad_k, seqlens_q)
     # traced (torch.compile, or export's fake / functional tensors), or a kernel backend's call that needs a gradient
     # (`_kernel_autograd`): one opaque node (integrations.custom_op; its backward integrations.backward's, length by
     # length) whose body is `run_seqlens_k`, the values checked when it runs; an eager reference call keeps plain
@@ -370,15 +373,21 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
         if leftpad_k is not None:
             check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
-        return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend, leftpad_k)
-    return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, checked=True, leftpad_k=leftpad_k)
+        if seqlens_q is None:  # (the op's schema before seqlens_q: graphs traced then still match)
+            return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend, leftpad_k)
+        return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend, leftpad_k,
+                                                         seqlens_q)
+    return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, checked=True, leftpad_k=leftpad_k,
+                         seqlens_q=seqlens_q)
 
 
-def _full_ends(q, k, leftpad_k) -> torch.Tensor:
-    """seqlens_k for a call with leftpad_k alone: each sequence's keys run to seqlen_k (int32 (batch,), on
-    leftpad_k's device, which is checked first: its errors name it)."""
-    check_seqlens_k(leftpad_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True, name="leftpad_k")
-    return torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=leftpad_k.device)
+def _full_ends(q, k, leftpad_k, seqlens_q=None) -> torch.Tensor:
+    """seqlens_k for a call with leftpad_k or seqlens_q alone: each sequence's keys run to seqlen_k (int32 (batch,),
+    on the device of the tensor given, which is checked first: its errors name it)."""
+    if leftpad_k is not None:
+        check_seqlens_k(leftpad_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True, name="leftpad_k")
+    given = leftpad_k if leftpad_k is not None else seqlens_q
+    return torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=given.device)
 
 
 def _check_lengths(q, k, seqlens_k, name: str = "seqlens_k", values: bool = True) -> tuple[torch.Tensor, bool]:
@@ -392,33 +401,50 @@ def _check_lengths(q, k, seqlens_k, name: str = "seqlens_k", values: bool = True
     if isinstance(seqlens_k, torch.Tensor) and seqlens_k.is_neg():
         seqlens_k = seqlens_k.resolve_neg()
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    limit = q.shape[1] if name == "seqlens_q" else k.shape[1]  # (the query counts are bounded by seqlen_q)
     if q.is_cuda and isinstance(seqlens_k, torch.Tensor) and seqlens_k.device.type == "cpu":
         if capturing:
             raise ValueError(f"{name} is on the CPU inside CUDA-graph capture: pass it on q's device (each replay "
                              "reads its current values there)")
-        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], seqlens_k.device, name=name)
+        check_seqlens_k(seqlens_k, q.shape[0], limit, seqlens_k.device, name=name)
         staged = torch.empty(seqlens_k.shape, dtype=seqlens_k.dtype).copy_(seqlens_k)  # pageable, contiguous
         return staged.to(q.device, non_blocking=True), False
-    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=values and not capturing, name=name)
+    check_seqlens_k(seqlens_k, q.shape[0], limit, q.device, values=values and not capturing, name=name)
     return seqlens_k, capturing
 
 
-def _check_windows(q, k, seqlens_k, leftpad_k) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
-    """`_check_lengths` of seqlens_k and of leftpad_k (when given), and that no first key is past its sequence's
-    end (the values of both read back at once, one device sync, as the lengths alone are: not inside CUDA-graph
-    capture, where the kernels clamp each first key to its end). Returns (seqlens_k, leftpad_k, capturing), both on
-    q's device."""
-    on_host = q.is_cuda and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in (seqlens_k, leftpad_k))
-    if on_host:  # both on the CPU (``windowed``'s): their values checked there, before the copies (no device sync)
+def _check_windows(q, k, seqlens_k, leftpad_k, seqlens_q=None) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                         torch.Tensor | None, bool]:
+    """`_check_lengths` of seqlens_k and of leftpad_k and seqlens_q (when given), and that no first key is past its
+    sequence's end (the values of all read back at once, one device sync, as the lengths alone are: not inside
+    CUDA-graph capture, where the kernels clamp each value). Returns (seqlens_k, leftpad_k, seqlens_q, capturing),
+    all on q's device."""
+    given = [t for t in (seqlens_k, leftpad_k, seqlens_q) if t is not None]
+    on_host = q.is_cuda and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in given)
+    if on_host:  # all on the CPU (``windowed``'s): their values checked there, before the copies (no device sync)
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
-        check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, host_ok=True)
-    if leftpad_k is not None:  # first: a call given leftpad_k alone has its errors name it (its ends are made here)
+        if leftpad_k is not None:
+            check_seqlens_k(leftpad_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True, name="leftpad_k")
+        if seqlens_q is not None:
+            check_seqlens_k(seqlens_q, q.shape[0], q.shape[1], q.device, values=False, host_ok=True, name="seqlens_q")
+        check_window_values(seqlens_k, leftpad_k, seqlens_q, q.shape[0], k.shape[1], q.shape[1])
+    alone = leftpad_k is None and seqlens_q is None
+    if seqlens_q is not None:  # first: a call given one of these alone has its errors name it (its ends made here)
+        seqlens_q, _ = _check_lengths(q, k, seqlens_q, "seqlens_q", values=False)
+    if leftpad_k is not None:
         leftpad_k, _ = _check_lengths(q, k, leftpad_k, "leftpad_k", values=False)
-    seqlens_k, capturing = _check_lengths(q, k, seqlens_k, values=leftpad_k is None)
-    if leftpad_k is None:
-        return seqlens_k, None, capturing
-    check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing and not on_host)
-    return seqlens_k, leftpad_k, capturing
+    seqlens_k, capturing = _check_lengths(q, k, seqlens_k, values=alone)
+    if not alone and not capturing and not on_host:
+        check_window_values(seqlens_k, leftpad_k, seqlens_q, q.shape[0], k.shape[1], q.shape[1])
+    return seqlens_k, leftpad_k, seqlens_q, capturing
+
+
+def _window_tensors(seqlens_k, leftpad_k, seqlens_q) -> tuple[torch.Tensor, ...]:
+    """The tensors a lengths plan's kernel takes after want_lse (`_lengths_plan`): seqlens_k, then leftpad_k where
+    given or seqlens_q is (zeros then: each window from key 0), then seqlens_q where given; contiguous."""
+    if seqlens_q is not None and leftpad_k is None:
+        leftpad_k = torch.zeros_like(seqlens_k)
+    return tuple(t.contiguous() for t in (seqlens_k, leftpad_k, seqlens_q) if t is not None)
 
 
 def _kernel_module(backend: str):
@@ -434,15 +460,16 @@ def _kernel_module(backend: str):
 
 
 def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: float, config=None,
-                  leftpad: bool = False):
+                  leftpad: bool = False, counts: bool = False):
     """`_plan` on ``module.lengths_config`` (of ``config``, else of `auto`'s choice; ``leftpad``: its
-    ``leftpad_config``): its run takes seqlens_k (then leftpad_k) after want_lse. The config is made only when there
-    is something to launch (`_plan`'s empty shortcuts and forward-only check come first)."""
+    ``leftpad_config``; ``counts``: its ``windows_config``): its run takes seqlens_k (then leftpad_k, then seqlens_q)
+    after want_lse (`_window_tensors`). The config is made only when there is something to launch (`_plan`'s empty
+    shortcuts and forward-only check come first)."""
     launches = q.numel() and k.shape[1] and not _wants_grad(q, k, v)
     if not launches:
         return _plan(selection, q, k, v, causal, scale)
     kv = _config_k(k, v)  # a split whose partial LSE could overflow is no split (``scale_config``)
-    window = module.leftpad_config if leftpad else module.lengths_config
+    window = module.windows_config if counts else module.leftpad_config if leftpad else module.lengths_config
     config = window(q, kv, causal, module.scale_config(config, q, kv, causal, scale))
     return _plan(selection, q, k, v, causal, scale, config)
 
@@ -454,19 +481,23 @@ def _config_k(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor, *,
-                  checked: bool = False, leftpad_k: torch.Tensor | None = None):
+                  checked: bool = False, leftpad_k: torch.Tensor | None = None,
+                  seqlens_q: torch.Tensor | None = None):
     """`_with_seqlens_k` on plain tensors, eagerly (the body of ``torch.ops.fa_variants.attention_seqlens_k``). A
     call of a kind not planned yet is validated first with ``attention``'s rules, as `dispatch_and_run` validates:
     a direct call of the op has not been (it ran mixed dtypes, a V of another head_dim, and out-of-range scales);
-    ``checked``: ``attention`` validated them already. ``leftpad_k``: each sequence's first key too."""
+    ``checked``: ``attention`` validated them already. ``leftpad_k``: each sequence's first key too; ``seqlens_q``:
+    each sequence's query count (its causal diagonal aligned to it; fa1 and fa3-fp8 run each window's rows in two
+    calls, ``reference.row_parts``)."""
     key = _call_key(q, k, v, causal, scale, backend)
-    key = None if key is None else ("seqlens_k" if leftpad_k is None else "leftpad_k", key)
+    kind = "seqlens_q" if seqlens_q is not None else "seqlens_k" if leftpad_k is None else "leftpad_k"
+    key = None if key is None else (kind, key)
     entry = dispatch.PLANS.get(key)  # (plan, the kernel module's switch state it was made under)
     if entry is None and not checked:
         _check_inputs(q, k, v)
         _check_options(causal, scale, backend, False)
-    seqlens_k, leftpad_k, capturing = _check_windows(q, k, seqlens_k, leftpad_k)
-    windows = (seqlens_k.contiguous(),) + (() if leftpad_k is None else (leftpad_k.contiguous(),))
+    seqlens_k, leftpad_k, seqlens_q, capturing = _check_windows(q, k, seqlens_k, leftpad_k, seqlens_q)
+    windows = _window_tensors(seqlens_k, leftpad_k, seqlens_q)
     if entry is not None and entry[1] == entry[2]():  # a switch flipped since: chosen again, as `launcher` does
         return entry[0](q, k, v, True, *windows)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
@@ -475,41 +506,58 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
     if module is not None:  # the kernel reads the lengths
         switches = module.VARIANT.switches
         state = switches()
-        plan = _lengths_plan(selection, module, q, k, v, causal, scale, leftpad=leftpad_k is not None)
+        plan = _lengths_plan(selection, module, q, k, v, causal, scale, leftpad=leftpad_k is not None,
+                             counts=seqlens_q is not None)
         out, lse = plan(q, k, v, True, *windows)
         dispatch.remember_plan(key, (plan, state, switches))
         return out, lse
     if capturing:
-        raise NotImplementedError(f"seqlens_k / leftpad_k under CUDA-graph capture needs the fa3 or fa2 backend (their "
-                                  f"kernels read them); this call runs on {selection.backend}, which reads them back")
+        raise NotImplementedError(f"seqlens_k / leftpad_k / seqlens_q under CUDA-graph capture needs the fa3 or fa2 "
+                                  f"backend (their kernels read them); this call runs on {selection.backend}, which "
+                                  "reads them back")
     if selection.backend == "reference":
-        return reference_run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+        return reference_run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k, leftpad_k=leftpad_k,
+                             seqlens_q=seqlens_q)
+    return _run_per_window(selection, q, k, v, causal, scale, seqlens_k, leftpad_k, seqlens_q)
+
+
+def _run_per_window(selection: Selection, q, k, v, causal: bool, scale: float, seqlens_k, leftpad_k, seqlens_q):
+    """A windowed call on a backend that does not read the windows (fa1, fa3-fp8): the sequences of each distinct
+    window together, K and V cut to its keys, its rows in one call or two (``reference.row_parts``: with seqlens_q,
+    the causal rows then the padding rows that see the whole window); the windows read on the host."""
     batch, seqlen_q, heads, head_dim = q.shape
     out = torch.empty(batch, seqlen_q, heads, head_dim, dtype=output_dtype(q.dtype), device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
-    spans = key_windows(seqlens_k, leftpad_k, batch, k.shape[1])  # (start, end) per sequence, read on the host
-    for (start, end), index in batch_groups.by_value(spans, q.device, ascending=True):
+    windows = sequence_windows(seqlens_k, leftpad_k, seqlens_q if causal else None, batch, k.shape[1], seqlen_q)
+    for (start, end, count), index in batch_groups.by_value(windows, q.device, ascending=True):
         keys = slice(start, end)
+        qg, kg, vg = (t if index is None else batch_groups.take(t, index) for t in (q, k[:, keys], v[:, keys]))
+        parts = [_run(selection, qg[:, rows], kg, vg, part_causal, scale)
+                 for rows, part_causal in row_parts(count, seqlen_q, causal)]
+        o, l = (parts[0] if len(parts) == 1 else
+                (torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 2)))
         if index is None:  # one window for all: views, no copy
-            return _run(selection, q, k[:, keys], v[:, keys], causal, scale)
-        o, l = _run(selection, *(batch_groups.take(t, index) for t in (q, k[:, keys], v[:, keys])), causal, scale)
+            return o, l
         out.index_copy_(0, index, o)
         lse.index_copy_(0, index, l)
     return out, lse
 
 
 def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str, num_splits, pack_gqa, seqlens_k,
-                        tracing: bool, leftpad_k=None):
+                        tracing: bool, leftpad_k=None, seqlens_q=None):
     """attention with the split count / GQA packing (fa3, fa2) fixed by the caller (no plan kept); with seqlens_k
-    the kernel reads the lengths (``lengths_config`` of that config; with leftpad_k too, ``leftpad_config``)."""
+    the kernel reads the lengths (``lengths_config`` of that config; with leftpad_k too, ``leftpad_config``; with
+    seqlens_q, ``windows_config``)."""
     num_splits = split.check_options(num_splits, pack_gqa)
     if tracing:
         raise NotImplementedError("num_splits / pack_gqa are not supported under tracing (torch.compile, torch.export) "
                                   "or for tensor subclasses yet: pass plain tensors eagerly")
-    if leftpad_k is not None and seqlens_k is None:
-        seqlens_k = _full_ends(q, k, leftpad_k)
+    if seqlens_q is not None:
+        check_seqlens_k(seqlens_q, q.shape[0], q.shape[1], q.device, values=False, host_ok=True, name="seqlens_q")
+    if (leftpad_k is not None or seqlens_q is not None) and seqlens_k is None:
+        seqlens_k = _full_ends(q, k, leftpad_k, seqlens_q)
     if seqlens_k is not None:
-        seqlens_k, leftpad_k, _ = _check_windows(q, k, seqlens_k, leftpad_k)
+        seqlens_k, leftpad_k, seqlens_q, _ = _check_windows(q, k, seqlens_k, leftpad_k, seqlens_q)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     module = _kernel_module(selection.backend)
     if module is None:
@@ -525,9 +573,9 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     config = module.decode_config(q, _config_k(k, v), causal, num_splits=num_splits, pack_gqa=pack_gqa)
     if seqlens_k is None:
         return _run(selection, q, k, v, causal, scale, config)
-    windows = (seqlens_k.contiguous(),) + (() if leftpad_k is None else (leftpad_k.contiguous(),))
-    plan = _lengths_plan(selection, module, q, k, v, causal, scale, config, leftpad=leftpad_k is not None)
-    return plan(q, k, v, True, *windows)
+    plan = _lengths_plan(selection, module, q, k, v, causal, scale, config, leftpad=leftpad_k is not None,
+                         counts=seqlens_q is not None)
+    return plan(q, k, v, True, *_window_tensors(seqlens_k, leftpad_k, seqlens_q))
 
 
 def _parameter_call(q, k, v) -> bool:
@@ -582,7 +630,7 @@ def autocast_cast(device_type: str, *tensors):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False,
               seqlens_k: torch.Tensor | None = None, num_splits: int | None = None, pack_gqa: bool | None = None,
-              leftpad_k: torch.Tensor | None = None):
+              leftpad_k: torch.Tensor | None = None, seqlens_q: torch.Tensor | None = None):
     """Attention forward, O = softmax(softmax_scale * Q K^T) V, on the backend that suits the GPU.
 
     Args:
@@ -618,6 +666,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             their count, as if k, v were k[b, leftpad_k[b]:seqlens_k[b]]; keys outside are never used. 0 <=
             leftpad_k[b] <= its end (checked as seqlens_k is). fa3 and fa2 read it in their kernels (one launch;
             capturable, each value clamped to [0, its end]); fa1 and fa3-fp8 run one call per distinct window.
+        seqlens_q: optional int32 tensor like seqlens_k, each sequence's query count, for a causal batch padded on
+            the right, queries and keys alike (a padded training batch: seqlens_q = seqlens_k = the lengths;
+            flash-attn's ``seqused_q``): sequence b's causal diagonal is bottom-right against seqlens_q[b] and its
+            key count n, query i seeing key j of its window iff j <= i + n - seqlens_q[b]. Its padding rows (from
+            seqlens_q[b] on) see the whole window, as under a causal mask with padding (transformers', SDPA's), and
+            are computed (a caller's loss ignores them). No effect without causal. 0 <= seqlens_q[b] <= seqlen_q
+            (checked with the others, in the same read). fa3 and fa2 read it in their kernels (one launch;
+            capturable, each value clamped to [0, seqlen_q]); fa1 and fa3-fp8 run each distinct window's rows in
+            two calls (``reference.row_parts``).
         num_splits, pack_gqa: the split-KV count (an int >= 1; 1: no split) and packed GQA (fa3: any group at
             seqlen_q = 1; at seqlen_q > 1 a group G = num_heads / num_heads_kv dividing 64 or a multiple of it;
             fa2: seqlen_q = 1 only; else ValueError) for this call, instead of the choice `auto` makes (None).
@@ -666,14 +723,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Raises:
         TypeError: a non-tensor input, a non-floating or mismatched dtype, a non-bool flag, a non-real scale.
         ValueError: wrong rank; batch, seqlen_k, num_heads_kv or head_dim mismatch; a seqlens_k or leftpad_k value
-            outside [0, seqlen_k] or a leftpad_k past its sequence's end, or either of the wrong shape or device
+            outside [0, seqlen_k], a seqlens_q value outside [0, seqlen_q] or a leftpad_k past its sequence's end,
+            or any of them of the wrong shape or device
             (TypeError: not an int32 tensor); num_heads not a multiple
             of num_heads_kv; head_dim 0; num_heads_kv 0; inputs on different devices; non-finite
             or out-of-range softmax_scale; num_splits > 1 with |softmax_scale| above 2^64; an unknown backend; a
             backend that cannot serve the call
             (``dispatch.BackendUnavailableError``, naming the backends that can).
         NotImplementedError: inputs that require grad on fa3-fp8 (``registry.FORWARD_ONLY``) or with num_splits /
-            pack_gqa; seqlens_k / leftpad_k inside CUDA-graph capture on a backend other than fa3 and fa2; either
+            pack_gqa; seqlens_k / leftpad_k / seqlens_q inside CUDA-graph capture on a backend other than fa3 and fa2;
+            any of them
             batched by torch.func.vmap.
 
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
@@ -685,8 +744,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         with torch.autocast(device_type, enabled=False):
             return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                              return_lse=return_lse, seqlens_k=seqlens_k, num_splits=num_splits, pack_gqa=pack_gqa,
-                             leftpad_k=leftpad_k)
-    if seqlens_k is None and num_splits is None and pack_gqa is None and leftpad_k is None:
+                             leftpad_k=leftpad_k, seqlens_q=seqlens_q)
+    if seqlens_k is None and num_splits is None and pack_gqa is None and leftpad_k is None and seqlens_q is None:
         result = _planned(q, k, v, causal, softmax_scale, backend, return_lse)
         if result is not None:
             return result
@@ -703,12 +762,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         tracing = tracing and _transform(q, k, v) is None
     if tracing and torch._C._are_functorch_transforms_active():
         out, lse = _traced_under_transforms(q, k, v, causal, scale, backend, seqlens_k, num_splits, pack_gqa,
-                                            leftpad_k)
+                                            leftpad_k, seqlens_q)
     elif num_splits is not None or pack_gqa is not None:
         out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k, tracing,
-                                       leftpad_k)
-    elif seqlens_k is not None or leftpad_k is not None:
-        out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, tracing, leftpad_k)
+                                       leftpad_k, seqlens_q)
+    elif seqlens_k is not None or leftpad_k is not None or seqlens_q is not None:
+        out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, tracing, leftpad_k, seqlens_q)
     elif tracing:
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     elif _kernel_autograd(q, k, v, causal, backend):  # planned: its next call takes the fast path above

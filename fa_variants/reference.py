@@ -129,18 +129,34 @@ def check_leftpad_k(leftpad_k, seqlens_k, batch: int, seqlen_k: int, device: tor
     end, seqlens_k[b] (seqlen_k when ``seqlens_k`` is None): one line naming leftpad_k, or seqlens_k for its own
     values (checked here too, with leftpad_k's in one read back: one device sync for both)."""
     check_seqlens_k(leftpad_k, batch, seqlen_k, device, values=False, host_ok=host_ok, name="leftpad_k")
-    if not values or not batch or leftpad_k.device.type == "meta":
+    if values:
+        check_window_values(seqlens_k, leftpad_k, None, batch, seqlen_k, 0)
+
+
+def check_window_values(seqlens_k, leftpad_k, seqlens_q, batch: int, seqlen_k: int, seqlen_q: int) -> None:
+    """The values of a call's per-sequence tensors (each None or checked by ``check_seqlens_k`` for dtype, shape and
+    device), read back at once (one device sync): seqlens_k and leftpad_k in [0, seqlen_k], each leftpad_k[b] at most
+    its end (seqlens_k[b], seqlen_k without), seqlens_q in [0, seqlen_q]. One line naming the argument."""
+    given = [t for t in (seqlens_k, leftpad_k, seqlens_q) if t is not None]
+    if not given or not batch or any(t.device.type == "meta" for t in given):
         return
-    ends = leftpad_k.new_full((batch,), seqlen_k) if seqlens_k is None else seqlens_k.to(leftpad_k.device)
-    for t, name in ((leftpad_k, "leftpad_k"), (ends, "seqlens_k")):
+    device = given[0].device
+    named = [(name, t.to(device), limit) for name, t, limit in (("seqlens_k", seqlens_k, seqlen_k),
+                                                                 ("leftpad_k", leftpad_k, seqlen_k),
+                                                                 ("seqlens_q", seqlens_q, seqlen_q)) if t is not None]
+    for name, t, _ in named:
         _refuse_vmapped(t, name)
-    first_past = torch.where(leftpad_k > ends, torch.arange(batch, device=ends.device), batch).amin()
-    lo_end, hi_end, lo, hi, past = (int(x) for x in torch.stack([ends.amin(), ends.amax(), leftpad_k.amin(),
-                                                                  leftpad_k.amax(), first_past]).tolist())
-    for name, low, high in (("seqlens_k", lo_end, hi_end), ("leftpad_k", lo, hi)):
-        if low < 0 or high > seqlen_k:
-            raise ValueError(f"{name} holds {low if low < 0 else high}, outside [0, seqlen_k = {seqlen_k}]")
-    if past < batch:
+    stats = [x for _, t, _ in named for x in (t.amin(), t.amax())]
+    if leftpad_k is not None:
+        ends = leftpad_k.new_full((batch,), seqlen_k) if seqlens_k is None else seqlens_k.to(device)
+        stats.append(torch.where(leftpad_k.to(device) > ends, torch.arange(batch, device=device), batch).amin())
+    read = [int(x) for x in torch.stack(stats).tolist()]
+    for i, (name, _, limit) in enumerate(named):
+        low, high = read[2 * i], read[2 * i + 1]
+        if low < 0 or high > limit:
+            raise ValueError(f"{name} holds {low if low < 0 else high}, outside [0, {_limit_name(name)} = {limit}]")
+    if leftpad_k is not None and read[-1] < batch:
+        past = read[-1]
         raise ValueError(f"leftpad_k[{past}] = {int(leftpad_k[past])} is past seqlens_k[{past}] = {int(ends[past])} "
                          "(each sequence attends to keys [leftpad_k[b], seqlens_k[b]))")
 

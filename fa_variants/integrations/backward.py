@@ -103,7 +103,7 @@ def warn_pytorch_backward(backend: str) -> None:
 
 
 def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bool, softmax_scale: float | None,
-                    backend: str, eager: bool, leftpad_k=None):
+                    backend: str, eager: bool, leftpad_k=None, seqlens_q=None):
     """(dq, dk, dv) of a call's (out, lse) for the upstream gradients (either may be None: that output got none;
     out / lse None: not kept), with no autograd recorded but ``reference.run_backward``'s plain ops (a backward with
     create_graph differentiates those). On a kernel backend, a loss of out alone (grad_lse None; with ``seqlens_k``,
@@ -112,7 +112,8 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
     ``sdpa`` when not ``eager`` (inside a traced opaque op autograd records nothing) and ``cudnn`` where it does not
     apply, where `flash_applies` and the forward kept out and lse; everything else ``reference.run_backward``. A
     ``registry.FORWARD_ONLY`` backend raises NotImplementedError; a kernel backend warns once
-    (`warn_pytorch_backward`). ``leftpad_k`` (with seqlens_k): each sequence's first key, the windows taken alike."""
+    (`warn_pytorch_backward`). ``leftpad_k`` (with seqlens_k): each sequence's first key, the windows taken alike;
+    ``seqlens_q`` (with seqlens_k): each sequence's query count, its causal rows and padding rows apart."""
     from fa_variants import dispatch, reference, registry
 
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
@@ -126,7 +127,7 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
         if fused and seqlens_k is not None:
             if _by_length_applies(q, wanted):
                 return _backward_by_length(grad_out, q, k, v, out, lse, seqlens_k, causal, softmax_scale, chosen,
-                                           eager, leftpad_k)
+                                           eager, leftpad_k, seqlens_q)
             fused = False
         if fused and wanted == "sdpa" and eager and sdpa_applies(q, k, causal, softmax_scale):
             return sdpa_backward(grad_out, q, k, v, causal, softmax_scale)
@@ -140,7 +141,8 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
     if grad_lse is None:
         grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal,
-                                  softmax_scale=_scale(q, softmax_scale), seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+                                  softmax_scale=_scale(q, softmax_scale), seqlens_k=seqlens_k, leftpad_k=leftpad_k,
+                                  seqlens_q=seqlens_q)
 
 
 def _by_length_applies(q: torch.Tensor, wanted: str) -> bool:
@@ -155,7 +157,7 @@ def _by_length_applies(q: torch.Tensor, wanted: str) -> bool:
 
 
 def _backward_by_length(grad_out, q, k, v, out, lse, seqlens_k, causal: bool, softmax_scale: float | None,
-                        backend: str, eager: bool, leftpad_k=None):
+                        backend: str, eager: bool, leftpad_k=None, seqlens_q=None):
     """(dq, dk, dv) of a call with per-sequence KV lengths (``seqlens_k``: sequence b attends to its first
     seqlens_k[b] keys), from the plain calls' backwards: the sequences of each length n together (views when every
     sequence has it, else gathered), K and V cut to their first n keys, so each group is a call without lengths whose
@@ -164,25 +166,36 @@ def _backward_by_length(grad_out, q, k, v, out, lse, seqlens_k, causal: bool, so
     each length, dQ is 0 for a sequence of length 0 (its output is 0 whatever Q). The lengths are read on the host
     (one device sync; the groups' rows gathered by ``common.batch_groups``). Written in session 53: before,
     every call with lengths took ``reference.run_backward`` (float32 PyTorch; 21-34x SDPA's step on an H100, session
-    43). ``leftpad_k``: the groups are of one key window [leftpad_k[b], seqlens_k[b]), K and V cut to it."""
-    from fa_variants.reference import key_windows
+    43). ``leftpad_k``: the groups are of one key window [leftpad_k[b], seqlens_k[b]), K and V cut to it;
+    ``seqlens_q`` (causal): of one window and query count, whose causal rows and padding rows (which see the whole
+    window) take a call each (``reference.row_parts``), their dK and dV summed."""
+    from fa_variants.reference import row_parts, sequence_windows
 
-    windows = key_windows(seqlens_k, leftpad_k, q.shape[0], k.shape[1])
-    if all(w == (0, k.shape[1]) for w in windows):  # no key padded: the plain call's backward, no copies
+    seqlen_q = q.shape[1]
+    windows = sequence_windows(seqlens_k, leftpad_k, seqlens_q if causal else None, q.shape[0], k.shape[1], seqlen_q)
+    if all(w == (0, k.shape[1], seqlen_q) for w in windows):  # no key padded: the plain call's backward, no copies
         return kernel_backward(grad_out, None, q, k, v, out, lse, None, causal, softmax_scale, backend, eager)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for (start, end), index in by_value(windows, q.device, ascending=True):
+    for (start, end, count), index in by_value(windows, q.device, ascending=True):
         if end <= start:
             continue
         keys = slice(start, end)
-        group = kernel_backward(*(take(t, index) for t in (grad_out, None, q, k[:, keys], v[:, keys], out, lse)),
-                                None, causal, softmax_scale, backend, eager)
+        g_out, qg, kg, vg, og, lg = (take(t, index) for t in (grad_out, q, k[:, keys], v[:, keys], out, lse))
+        parts = [kernel_backward(g_out[:, rows], None, qg[:, rows], kg, vg, _rows(og, rows, 1), _rows(lg, rows, 2),
+                                 None, part_causal, softmax_scale, backend, eager)
+                 for rows, part_causal in row_parts(count, seqlen_q, causal)]
+        group = (torch.cat([p[0] for p in parts], 1), sum(p[1] for p in parts), sum(p[2] for p in parts))
         for grad, into in zip(group, (dq, dk[:, keys], dv[:, keys])):
             if index is None:
                 into.copy_(grad)
             else:
                 into.index_copy_(0, index, grad)
     return dq, dk, dv
+
+
+def _rows(t: torch.Tensor | None, rows: slice, dim: int) -> torch.Tensor | None:
+    """The query rows ``rows`` of a kept O (dim 1) or LSE (dim 2), None where the forward kept none."""
+    return None if t is None else t.narrow(dim, rows.start, rows.stop - rows.start)
 
 
 def _scale(q: torch.Tensor, softmax_scale: float | None) -> float:

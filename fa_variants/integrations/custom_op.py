@@ -94,32 +94,36 @@ def _attention_fake(q, k, v, causal, softmax_scale, backend):
 
 @torch.library.custom_op("fa_variants::attention_seqlens_k", mutates_args=())
 def attention_seqlens_k_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens_k: torch.Tensor, causal: bool,
-                           softmax_scale: float | None, backend: str,
-                           leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           softmax_scale: float | None, backend: str, leftpad_k: torch.Tensor | None = None,
+                           seqlens_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``fa_variants.attention(..., seqlens_k=...)`` while traced: ``api.run_seqlens_k`` (fa3 and fa2 read the
     lengths in their kernels, so the op runs inside a CUDA graph of ``mode="reduce-overhead"`` too; outside capture
     the lengths are checked, one read-back; a call of a kind not planned yet is validated with
     ``fa_variants.attention``'s rules first, as the other op's body validates: a direct ``torch.ops`` call has not
-    been). ``leftpad_k`` (last, optional: graphs exported before it still load): each sequence's first key. Its
+    been). ``leftpad_k`` and ``seqlens_q`` (last, optional: graphs exported before them still load): each sequence's
+    first key and query count. Its
     backward (`_seqlens_k_backward`) is ``backward.kernel_backward``'s: the fused one window by window where it
     applies, from the O and LSE kept here (``backward.keeps_outputs``)."""
     from fa_variants import api
     from fa_variants.common import workspace
     _refuse_tangents(api, q, k, v)
     with workspace.uncached():
-        out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k, leftpad_k=leftpad_k)
+        out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k, leftpad_k=leftpad_k,
+                                     seqlens_q=seqlens_q)
     return out.contiguous(), lse.contiguous()
 
 
 @attention_seqlens_k_op.register_fake
-def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend, leftpad_k=None):
-    """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then seqlens_k's (and leftpad_k's)
-    dtype, shape and device checked (their values are checked when the op runs)."""
+def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend, leftpad_k=None, seqlens_q=None):
+    """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then seqlens_k's (and leftpad_k's,
+    seqlens_q's) dtype, shape and device checked (their values are checked when the op runs)."""
     from fa_variants.reference import check_leftpad_k, check_seqlens_k
     outputs = _attention_fake(q, k, v, causal, softmax_scale, backend)
     check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
     if leftpad_k is not None:
         check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
+    if seqlens_q is not None:
+        check_seqlens_k(seqlens_q, q.shape[0], q.shape[1], q.device, values=False, host_ok=True, name="seqlens_q")
     return outputs
 
 
@@ -368,19 +372,20 @@ def _forward_backend(eager: bool, q, k, v, causal: bool, backend: str) -> str:
 
 
 def _seqlens_k_setup_context(ctx, inputs, output):
-    q, k, v, seqlens_k, causal, softmax_scale, backend, *leftpad = inputs  # leftpad_k: given or defaulted
+    q, k, v, seqlens_k, causal, softmax_scale, backend, *windows = inputs  # leftpad_k, seqlens_q: given or defaulted
+    windows = (*windows, None, None)[:2]
     ctx.eager = _eager(q, torch.compiler.is_compiling())  # read once, here: the backward takes the same route
     kept = output if backward.keeps_outputs(ctx.eager) else (None, None)  # for the fused backwards, window by window
-    ctx.save_for_backward(q, k, v, *kept, seqlens_k, *leftpad)
+    ctx.save_for_backward(q, k, v, *kept, seqlens_k, *windows)
     ctx.causal, ctx.softmax_scale = causal, softmax_scale
     ctx.backend = _forward_backend(ctx.eager, q, k, v, causal, backend)
     ctx.set_materialize_grads(False)
 
 
 def _seqlens_k_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, seqlens_k, *leftpad = ctx.saved_tensors
-    dq, dk, dv = _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k, *leftpad)
-    return dq, dk, dv, None, None, None, None, None
+    q, k, v, out, lse, seqlens_k, leftpad_k, seqlens_q = ctx.saved_tensors
+    dq, dk, dv = _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k, leftpad_k, seqlens_q)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 # a backward exists for every backend but the FP8 one, whose backward raises when it runs (not while AOTAutograd traces
@@ -391,12 +396,12 @@ attention_seqlens_k_op.register_autograd(_seqlens_k_backward, setup_context=_seq
 def _traced_backward(grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                      v: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None,
                      seqlens_k: torch.Tensor | None, causal: bool, softmax_scale: float | None,
-                     backend: str, leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                   torch.Tensor]:
+                     backend: str, leftpad_k: torch.Tensor | None = None,
+                     seqlens_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``backward.kernel_backward`` (not eager: no SDPA recomputation) as one opaque node (for tracing), its outputs
     contiguous to match the fake."""
     grads = backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend,
-                                     eager=False, leftpad_k=leftpad_k)
+                                     eager=False, leftpad_k=leftpad_k, seqlens_q=seqlens_q)
     return tuple(g.contiguous() for g in grads)
 
 
@@ -413,7 +418,7 @@ lengths_backward_op = torch.library.custom_op("fa_variants::attention_lengths_ba
 @reference_backward_op.register_fake
 @lengths_backward_op.register_fake
 def _reference_backward_fake(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend,
-                             leftpad_k=None):
+                             leftpad_k=None, seqlens_q=None):
     return _empty_grads(q, k, v)
 
 
@@ -448,18 +453,22 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, None, None, None
 
 
-def _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k, leftpad_k=None):
+def _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k, leftpad_k=None, seqlens_q=None):
     """(dq, dk, dv) for either op's backward (``backward.kernel_backward``): eagerly (a Parameter's call, and a kernel
     backend's call that needs a gradient, come here) called directly, so that its plain ops are recorded under
     create_graph and a second derivative exists; traced, one opaque node (which has no backward of its own)."""
     if ctx.eager:
         return backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal,
-                                        ctx.softmax_scale, ctx.backend, eager=True, leftpad_k=leftpad_k)
+                                        ctx.softmax_scale, ctx.backend, eager=True, leftpad_k=leftpad_k,
+                                        seqlens_q=seqlens_q)
     if seqlens_k is None:
         return reference_backward_op(grad_out, grad_lse, q, k, v, out, lse, None, ctx.causal, ctx.softmax_scale,
                                      ctx.backend)
+    if seqlens_q is None:  # (the op's schema before seqlens_q: graphs traced then still match)
+        return lengths_backward_op(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal, ctx.softmax_scale,
+                                   ctx.backend, leftpad_k)
     return lengths_backward_op(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal, ctx.softmax_scale,
-                               ctx.backend, leftpad_k)
+                               ctx.backend, leftpad_k, seqlens_q)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
