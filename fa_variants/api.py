@@ -815,15 +815,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             bottom-right causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV
             cache with L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal,
             seqlens_k=L)``. Read on the host (one device sync). Under torch.compile and torch.export the mask and the
-            attention are one op, ``torch.ops.fa_variants.sdpa_masked_windows``, which reads it when the graph runs
-            (no graph break; its backward is the plain call's, window by window with padding); under torch.func
-            transforms it is read at the call (a graph break under torch.compile, a ValueError under torch.export);
-            refused inside CUDA-graph capture. Eagerly, a mask of one key window per sequence (padding on the left,
-            a causal batch padded on the right, ``common.mask_windows``) runs as one call with seqlens_k and
-            leftpad_k where they express it (left padding), else as plain calls on each window's slices
-            (``windowed.attention``); while traced the one-call windows run (that op, and for a decoding step,
-            one query row without grad, ``torch.ops.fa_variants.mask_window``), the others are refused when the graph
-            runs. Other masks (sliding windows that bite, packed sequences, biases) raise ValueError, integer and 8-bit
+            attention are one op, ``torch.ops.fa_variants.sdpa_masked_sequence_windows``, which reads it when the
+            graph runs (no graph break; its backward is the plain call's, window by window with padding); under
+            torch.func transforms it is read at the call (a graph break under torch.compile, a ValueError under
+            torch.export); refused inside CUDA-graph capture. A mask of one key window per sequence (padding on the
+            left, a causal batch padded on the right, ``common.mask_windows``) runs as one call with seqlens_k,
+            leftpad_k and seqlens_q (``windowed.one_call``: fa3 / fa2 one launch), eagerly and traced (that op, and
+            for a decoding step, one query row without grad, ``torch.ops.fa_variants.mask_window``). Other masks (sliding windows that bite, packed sequences, biases) raise ValueError, integer and 8-bit
             float masks TypeError. A row that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
@@ -887,7 +885,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         if is_causal is None:  # traced: the mask (read: 4-D) and the attention as one op
             _check_inputs(q, k, v)
             softmax_scale = _check_options(False, scale, backend, return_lse)
-            out, lse = torch.ops.fa_variants.sdpa_masked_windows(q, k, v, read, softmax_scale, backend)[:2]
+            out, lse = torch.ops.fa_variants.sdpa_masked_sequence_windows(q, k, v, read, softmax_scale, backend)[:2]
             return (out.transpose(1, 2), lse) if return_lse else out.transpose(1, 2)
         seqlens_k = read
     leftpad_k = None
@@ -910,7 +908,7 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
     to (batch, num_heads, seqlen_q, seqlen_k)) as ``attention``'s causal flag and seqlens_k (``common.mask_lengths``:
     full or bottom-right causal, over all keys or each sequence's first L_b); one-line errors naming attn_mask for
     other masks. While traced (outside torch.func transforms): (None, the mask as 4-D), for
-    ``torch.ops.fa_variants.sdpa_masked_windows`` to read when the graph runs."""
+    ``torch.ops.fa_variants.sdpa_masked_sequence_windows`` to read when the graph runs."""
     mask_lengths.check_dense(attn_mask, "attn_mask")
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():  # torch's SDPA refuses them too
         raise TypeError(f"attn_mask must be bool (True = attend) or floating (added to the scores), got "
@@ -927,7 +925,7 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
     # plain call's for a plain mask); under torch.func transforms read here (a graph break under torch.compile),
     # which torch.export cannot do. One query row without grad (decoding), where causal and full coincide: the
     # windows alone come from an op (mask_window: seqlens_k and leftpad_k), so that the attention op stays inside
-    # reduce-overhead's CUDA graphs (sdpa_masked_windows, which reads the host, is kept out of them)
+    # reduce-overhead's CUDA graphs (sdpa_masked_sequence_windows, which reads the host, is kept out of them)
     transformed = torch._C._are_functorch_transforms_active()
     in_graph = torch.compiler.is_compiling() and not transformed
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))  # (inference mode: untraceable)
@@ -960,7 +958,7 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
 
 def sdpa_mask_refusal(what: str) -> ValueError:
     """The SDPA drop-in's one-line error for an attn_mask that causal + seqlens_k cannot express (``what`` names
-    it); also raised by ``torch.ops.fa_variants.sdpa_masked_windows`` and ``mask_window`` when a compiled graph
+    it); also raised by ``torch.ops.fa_variants.sdpa_masked_sequence_windows`` and ``mask_window`` when a compiled graph
     runs."""
     return ValueError(f"attn_mask: fa_variants cannot express {what}; use torch's SDPA for this mask, or "
                       "fa_variants.attention's causal, seqlens_k and leftpad_k")

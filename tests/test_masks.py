@@ -250,9 +250,10 @@ def test_the_mask_window_op_passes_opcheck():
 def test_a_padded_batch_under_torch_compile_runs_or_is_refused_when_it_runs():
     """Traced, a built mask is not read (the padding is, at a graph break, where it decides that a mask is needed):
     the mask op reads it when the compiled graph runs. A left-padded batch runs (each sequence's window as seqlens_k
-    and leftpad_k: session 54), its hidden states at the real tokens within the rule; a causal batch padded on the
-    right, whose padding rows see the whole sequence, is refused in one line; a mask of the other kind than the
-    layer's is_causal too, under fullgraph=True."""
+    and leftpad_k: session 54), its hidden states at the real tokens within the rule; so does a causal batch padded
+    on the right (its query counts as seqlens_q: session 55), at every token (its padding rows see the whole
+    sequence, as in transformers' eager attention); a mask of the other kind than the layer's is_causal is refused in
+    one line, under fullgraph=True."""
     from test_integrations import tiny_llama
 
     model = tiny_llama()
@@ -267,9 +268,7 @@ def test_a_padded_batch_under_torch_compile_runs_or_is_refused_when_it_runs():
         with torch.no_grad():
             compiled = torch.compile(model.model, backend="eager")  # (the padding is read at a graph break)
             got = compiled(ids, attention_mask=left).last_hidden_state
-            with pytest.raises(hf.UnsupportedAttentionError, match=r"^fa_variants attention cannot express a padded "
-                                                                   r"batch whose rows past a sequence's end"):
-                compiled(ids, attention_mask=right)
+            got_right = compiled(ids, attention_mask=right).last_hidden_state
         model.set_attn_implementation("eager")
         twin = float64_twin(model)
         twin.set_attn_implementation("sdpa")  # float64 eager adds finfo.min to scores: -inf, rows seeing no key NaN
@@ -277,6 +276,8 @@ def test_a_padded_batch_under_torch_compile_runs_or_is_refused_when_it_runs():
             real = left.bool()  # the padding rows: eager attention averages where ours gives 0
             assert_model_within_rule(got[real], model.model(ids, attention_mask=left).last_hidden_state[real],
                                      twin.model(ids, attention_mask=left).last_hidden_state[real], "hidden state")
+            assert_model_within_rule(got_right, model.model(ids, attention_mask=right).last_hidden_state,
+                                     twin.model(ids, attention_mask=right).last_hidden_state, "right-padded")
     finally:
         model.set_attn_implementation("eager")
         torch._dynamo.reset()
@@ -491,7 +492,8 @@ def test_sdpa_left_padded_mask_under_torch_compile_with_grad(causal):
     """A left-padded batch's attn_mask (prefill rows, an input that requires grad) under torch.compile(fullgraph=True):
     sdpa_masked reads it as each sequence's window and runs one call with seqlens_k and leftpad_k; its backward reads
     the windows from the mask again. Output and gradients equal torch's SDPA with the mask, but for rows that see no
-    key (ours 0, torch's NaN); a mask padded on the right under a causal diagonal is refused when the graph runs."""
+    key (ours 0, torch's NaN); so do those of a causal batch padded on the right (its query counts as seqlens_q,
+    session 55; before, refused when the graph ran), every row of it."""
     def run(q, k, mask):
         return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
 
@@ -500,45 +502,54 @@ def test_sdpa_left_padded_mask_under_torch_compile_with_grad(causal):
                                                                                    dtype=torch.float64)
     rows, keys = torch.arange(6)[:, None], torch.arange(6)
     mask = torch.stack([(keys >= p) & ((keys <= rows) if causal else (rows >= 0)) for p in (0, 2, 5)])[:, None]
-    seen = mask.any(-1, keepdim=True)  # rows that see a key
+    right = torch.stack([(keys < n) & (keys <= rows) for n in (6, 3, 1)])[:, None]
     torch._dynamo.reset()
     try:
         compiled = torch.compile(run, fullgraph=True)
-        grads = []
-        for fn in (lambda q, k, m: F.scaled_dot_product_attention(q, k, k, attn_mask=m, enable_gqa=True), compiled):
-            leaves = [t.clone().requires_grad_(True) for t in (q, k)]
-            out = fn(*leaves, mask)
-            (out * seen).nan_to_num().square().sum().backward()
-            grads.append(((out * seen).nan_to_num().detach(), *(t.grad for t in leaves)))
-        for got, want in zip(grads[1], grads[0]):
-            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-        if causal:
-            right = torch.stack([(keys < n) & (keys <= rows) for n in (6, 3, 1)])[:, None]
-            with pytest.raises(ValueError, match=r"^attn_mask: fa_variants cannot express a padded batch whose rows"):
-                compiled(q, k, right)
+        for mask in (mask, right) if causal else (mask,):
+            seen = mask.any(-1, keepdim=True)  # rows that see a key
+            grads = []
+            for fn in (lambda q, k, m: F.scaled_dot_product_attention(q, k, k, attn_mask=m, enable_gqa=True),
+                       compiled):
+                leaves = [t.clone().requires_grad_(True) for t in (q, k)]
+                out = fn(*leaves, mask)
+                (out * seen).nan_to_num().square().sum().backward()
+                grads.append(((out * seen).nan_to_num().detach(), *(t.grad for t in leaves)))
+            for got, want in zip(grads[1], grads[0]):
+                torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     finally:
         torch._dynamo.reset()
 
 
 def test_sdpa_masked_with_windows_passes_opcheck():
-    """torch.library.opcheck of sdpa_masked_windows on a left-padded mask (its windows: (2, batch), ends then first
-    keys, handed to the backward) and of its backward op; sdpa_masked, the op before session 54, kept for graphs
-    traced with it: lengths (batch,), the same gradients through the shared backward op, left padding refused."""
+    """torch.library.opcheck of sdpa_masked_sequence_windows on a left-padded mask and a causal one padded on the right
+    (its windows: (3, batch), ends, first keys and query counts, handed to the backward) and of its backward op;
+    sdpa_masked_windows, the op of session 54 ((2, batch): no query counts, the right padding refused), and
+    sdpa_masked, the op before it (lengths (batch,), left padding refused), kept for graphs traced with them: the same
+    gradients through the shared backward op."""
     q, k = torch.randn(2, 5, 4, 16, dtype=torch.float64), torch.randn(2, 5, 2, 16, dtype=torch.float64)
     rows, keys = torch.arange(5)[:, None], torch.arange(5)
     mask = torch.stack([(keys >= p) & (keys <= rows) for p in (0, 2)])[:, None]
-    op = torch.ops.fa_variants.sdpa_masked_windows
-    out, lse, windows, kind = op(q, k, k, mask, None, "reference")
-    assert kind.tolist() == [1, 2] and windows.tolist() == [[5, 5], [0, 2]]
-    torch.library.opcheck(op, (q, k, k, mask, None, "reference"))
-    grad = torch.randn_like(out)
+    right = torch.stack([(keys < n) & (keys <= rows) for n in (5, 2)])[:, None]
+    op = torch.ops.fa_variants.sdpa_masked_sequence_windows
     backward_op = torch.ops.fa_variants.sdpa_masked_backward
-    torch.library.opcheck(backward_op, (grad, None, q, k, k, out, lse, windows, kind, None, "reference"))
+    for given, expected, how in ((mask, [[5, 5], [0, 2], [5, 5]], 2), (right, [[5, 2], [0, 0], [5, 2]], 3)):
+        out, lse, windows, kind = op(q, k, k, given, None, "reference")
+        assert kind.tolist() == [1, how] and windows.tolist() == expected
+        torch.library.opcheck(op, (q, k, k, given, None, "reference"))
+        grad = torch.randn_like(out)
+        torch.library.opcheck(backward_op, (grad, None, q, k, k, out, lse, windows, kind, None, "reference"))
+    session54 = torch.ops.fa_variants.sdpa_masked_windows
+    out, lse, windows, kind = session54(q, k, k, mask, None, "reference")
+    assert kind.tolist() == [1, 2] and windows.tolist() == [[5, 5], [0, 2]]
+    torch.library.opcheck(session54, (q, k, k, mask, None, "reference"))
+    with pytest.raises(ValueError, match="^attn_mask: fa_variants cannot express a padded batch whose rows past"):
+        session54(q, k, k, right, None, "reference")
     # the op before session 54, kept for graphs traced with it: lengths only, the ends alone
     lengths = (torch.arange(5) < torch.tensor([5, 3])[:, None])[:, None, None]
     old = torch.ops.fa_variants.sdpa_masked(q, k, k, lengths, None, "reference")
     new = op(q, k, k, lengths, None, "reference")
-    assert old[2].tolist() == [5, 3] and new[2].tolist() == [[5, 3], [0, 0]] and old[3].tolist() == [0, 1]
+    assert old[2].tolist() == [5, 3] and new[2].tolist() == [[5, 3], [0, 0], [5, 5]] and old[3].tolist() == [0, 1]
     torch.library.opcheck(torch.ops.fa_variants.sdpa_masked, (q, k, k, lengths, None, "reference"))
     for a, b in zip(backward_op(grad, None, q, k, k, *old[:2], old[2], old[3], None, "reference"),
                     backward_op(grad, None, q, k, k, *new[:2], new[2], new[3], None, "reference")):

@@ -36,6 +36,7 @@ CASES = {  # (windows per sequence, seqlen_q, seqlen_k)
     "left-padded encoder": ([(0, 7, None), (2, 7, None), (6, 7, None)], 7, 7),
     "static cache after left padding": ([(0, 10, 8), (2, 6, 4), (4, 5, 3)], 2, 10),
     "mixed, a sequence without keys": ([(1, 6, 2), (0, 0, None), (2, 11, None), (1, 6, 2)], 5, 11),
+    "queries before the cache's end": ([(0, 10, 3), (2, 9, 4), (0, 10, 3)], 2, 10),
 }
 
 
@@ -76,23 +77,27 @@ def test_window_gradients_match_masked_attention():
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
-#: windowed.one_call's answer for each case: the causal flag of one call with seqlens_k / leftpad_k, or None (the
-#: calls on slices)
-ONE_CALL = {"left-padded prompt": True, "right-padded training batch": None, "left-padded decode step": False,
-            "left-padded encoder": False, "static cache after left padding": True,
-            "mixed, a sequence without keys": None}
+#: windowed.one_call's answer for each case: the causal flag of one call with seqlens_k / leftpad_k / seqlens_q, or
+#: None (the calls on slices), and the query counts it passes (None: seqlens_q not needed)
+ONE_CALL = {"left-padded prompt": (True, None), "right-padded training batch": (True, [9, 5, 0]),
+            "left-padded decode step": (False, None), "left-padded encoder": (False, None),
+            "static cache after left padding": (True, None), "mixed, a sequence without keys": (True, [4, 5, 0, 4]),
+            "queries before the cache's end": (True, None)}
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_left_padded_batches_take_one_call(case, monkeypatch):
-    """Windows whose causal diagonal ends at their last key (left padding; full windows) run as one call with the
-    windows' ends as seqlens_k and starts as leftpad_k (fa3 and fa2: one launch); the others take the calls on
-    slices. Gradients within 1e-12 of masked attention's either way (float64)."""
+def test_padded_batches_take_one_call(case, monkeypatch):
+    """Windows whose causal diagonal one call places run as one call with the windows' ends as seqlens_k, starts as
+    leftpad_k and, where a diagonal is not bottom-right against seqlen_q rows, query counts as seqlens_q (a causal
+    batch padded on the right: its lengths; a full window in a causal batch: 0) (fa3 and fa2: one launch); the
+    others (queries before the window's end) take the calls on slices. Gradients within 1e-12 of masked
+    attention's either way (float64)."""
     from fa_variants import api, windowed
 
     windows, seqlen_q, seqlen_k = CASES[case]
     found = mask_windows.as_windows(_window_mask(windows, seqlen_q, seqlen_k), seqlen_q, seqlen_k, len(windows), 4)
-    assert windowed.one_call(found, seqlen_q) is ONE_CALL[case]
+    causal, counts = ONE_CALL[case]
+    assert windowed.one_call(found, seqlen_q) is causal
     calls = []
     monkeypatch.setattr(api, "run_seqlens_k", lambda *a, _f=api.run_seqlens_k, **kw: calls.append(kw) or _f(*a, **kw))
     mask = _window_mask(windows, seqlen_q, seqlen_k)
@@ -105,26 +110,32 @@ def test_left_padded_batches_take_one_call(case, monkeypatch):
         leaves = [t.clone().requires_grad_(True) for t in inputs]
         out = run(*leaves)
         grads.append((out, *torch.autograd.grad(out, leaves, grad)))
-    if ONE_CALL[case] is None:
+    if causal is None:
         assert calls == []
     else:
         assert len(calls) == 1 and calls[0]["leftpad_k"].tolist() == [w.start for w in found]
+        assert (calls[0]["seqlens_q"] is None) if counts is None else calls[0]["seqlens_q"].tolist() == counts
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
-def test_windows_on_a_kernel_backend_call_the_kernel_per_group(fake_gpu):
-    """On a kernel backend: two calls per distinct window with a causal limit that bites for some rows (its rows
-    before and after the split), one for a full window, none for an empty one; sequences sharing a window share
-    the calls."""
-    windows, seqlen_q, seqlen_k = CASES["mixed, a sequence without keys"]
+def test_windows_past_their_last_rows_keys_are_cut_first():
+    """Windows given as they are (not read from a mask), running past the last key their last row sees (queries
+    before the window's end): cut there first (``windowed.cut``: ``as_windows`` reads masks so), so one call with
+    query counts within [0, seqlen_q] expresses them; the result is masked attention's."""
+    from fa_variants import windowed
+
+    windows, seqlen_q, seqlen_k = [(0, 10, 3), (2, 9, 4), (0, 10, None), (5, 9, 1)], 2, 10
+    given = [mask_windows.Window(*w) for w in windows]
+    causal, (ends, starts, counts) = windowed.one_call_windows(given, seqlen_q)
+    assert causal and ends.tolist() == [5, 6, 10, 5] and starts.tolist() == [0, 2, 0, 5]
+    assert counts.tolist() == [2, 2, 0, seqlen_q]  # the last: cut to nothing (its rows see keys before 5 only)
+    q, k, v = make_qkv(len(windows), seqlen_q, seqlen_k, 4, 2, 16, dtype=torch.float64, generator=seeded_generator())
+    out, lse = windowed.attention(q, k, v, given, backend="reference", return_lse=True)
     mask = _window_mask(windows, seqlen_q, seqlen_k)
-    q, k, v = (t.transpose(1, 2) for t in make_qkv(len(windows), seqlen_q, seqlen_k, 4, 2, 16, dtype=torch.float16))
-    out = fa_variants.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    assert [(c["q"].shape[:2], c["k"].shape[1], c["causal"]) for c in fake_gpu] == [
-        ((2, 4), 5, True), ((2, 1), 5, False), ((1, 5), 9, False)]
-    expected = _masked_attention(q, k, v, mask)[0]
-    torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=2e-3)
+    expected, expected_lse = _masked_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask)
+    torch.testing.assert_close(out.transpose(1, 2), expected.nan_to_num(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, expected_lse.float(), rtol=2e-6, atol=2e-6)
 
 
 @pytest.mark.parametrize("what, mask", [

@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 
 import fa_variants
+from fa_variants import windowed
 from fa_variants.integrations import backward
 
 # api, dispatch, reference and workspace are imported inside the functions: `import fa_variants` registers the op
@@ -170,21 +171,50 @@ def mask_window_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: in
     the left (a prompt batch and its generation under torch.compile), each window one call expresses with the
     layer's ``causal`` (``windowed.one_call``: bottom-right against the window, or full). Its callers while traced:
     ``integrations.hf`` and the SDPA drop-in at seqlen_q 1 without grad, as `mask_lengths_op`'s were (that op stays
-    registered for graphs exported before session 54). Other masks (a causal batch padded on the right, whose padding
-    rows see the whole sequence; a sliding window that bites) raise the caller's refusal when the graph runs."""
+    registered for graphs exported before session 54). Since session 55 its callers take it at seqlen_q 1 only, where
+    no query count moves a diagonal, and `mask_sequence_windows_op` for longer queries. Other masks (a causal batch
+    padded on the right, whose padding rows see the whole sequence; a sliding window that bites) raise the caller's
+    refusal when the graph runs."""
+    windows = _layer_windows(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name)
+    if windowed.needs_counts(windows[2], seqlen_q):
+        raise _mask_refusal(name, _NEEDS_COUNTS)
+    return windows[:2].to(mask.device)
+
+
+@torch.library.custom_op("fa_variants::mask_sequence_windows", mutates_args=(), tags=_HOST_READ_TAGS)
+def mask_sequence_windows_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: int, batch: int,
+                             num_heads: int, name: str) -> torch.Tensor:
+    """`mask_window_op` with each sequence's query count too: int32 (3, batch) on the mask's device, rows seqlens_k,
+    leftpad_k and seqlens_q (``windowed.one_call_windows``: the count each causal diagonal is bottom-right against,
+    seqlen_q where it ends at the window's last key), so a causal batch padded on the right runs as one call under
+    torch.compile too (its padding rows seeing the whole sequence, as the mask has them). Its callers while traced:
+    ``integrations.hf`` at seqlen_q > 1 (since session 55). Masks one call cannot express (a sliding window that
+    bites, packed sequences) raise the caller's refusal when the graph runs."""
+    return _layer_windows(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name).to(mask.device)
+
+
+def _layer_windows(mask, causal: bool, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int,
+                   name: str) -> torch.Tensor:
+    """`_one_call_windows`' windows (3, batch) of a mask read for a layer whose ``causal`` the trace fixed: refused
+    (`_mask_refusal`) where the mask is of the other kind and that matters (more than one query row, a key seen)."""
     got, windows = _one_call_windows(mask, seqlen_q, seqlen_k, batch, num_heads, name)
     if got != causal and seqlen_q > 1 and bool((windows[0] > windows[1]).any()):
         raise _mask_refusal(name, f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} "
                                   "layer (while torch.compile traced it, the layer's is_causal chose the kind)")
-    return windows.to(mask.device)
+    return windows
+
+
+#: the refusal of the mask ops kept for older graphs (``mask_window``, ``sdpa_masked_windows``), whose outputs have no
+#: row for the query counts, for a mask that needs them
+_NEEDS_COUNTS = ("a padded batch whose rows past a sequence's end see its whole window (a causal batch padded on the "
+                 "right) in a graph traced before session 55 (trace it again: the mask ops of now run it)")
 
 
 def _one_call_windows(mask, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int,
                       name: str) -> tuple[bool, torch.Tensor]:
     """(causal, windows) of a mask whose key windows one call expresses (``common.mask_windows.as_windows``, one
-    device sync; ``windowed.one_call``): windows int32 (2, batch) on the CPU, each sequence's end (seqlens_k) then
-    first key (leftpad_k). Other masks raise the caller's refusal (`_mask_refusal`)."""
-    from fa_variants import windowed
+    device sync; ``windowed.one_call``): windows int32 (3, batch) on the CPU, each sequence's end (seqlens_k), first
+    key (leftpad_k) and query count (seqlens_q). Other masks raise the caller's refusal (`_mask_refusal`)."""
     from fa_variants.common import mask_lengths, mask_windows
 
     try:
@@ -192,11 +222,7 @@ def _one_call_windows(mask, seqlen_q: int, seqlen_k: int, batch: int, num_heads:
                                           float_min_blocks=name != "attn_mask")
     except mask_lengths.InexpressibleMask as refused:
         raise _mask_refusal(name, refused.what) from None
-    single = windowed.one_call_windows(windows, seqlen_q)
-    if single is None:
-        raise _mask_refusal(name, "a padded batch whose rows past a sequence's end see its whole window (a causal "
-                                  "batch padded on the right) while torch.compile traced it (eagerly it runs)")
-    return single
+    return windowed.one_call_windows(windows, seqlen_q)
 
 
 @mask_window_op.register_fake
@@ -204,6 +230,13 @@ def _mask_window_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name):
     """The mask's shape checked (`_check_mask_shape`: its values are read when the op runs)."""
     _check_mask_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name)
     return mask.new_empty((2, batch), dtype=torch.int32)
+
+
+@mask_sequence_windows_op.register_fake
+def _mask_sequence_windows_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name):
+    """`_mask_window_fake`'s, with the third row."""
+    _check_mask_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name)
+    return mask.new_empty((3, batch), dtype=torch.int32)
 
 
 def _check_mask_shape(mask, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int, name: str) -> None:
@@ -255,8 +288,21 @@ def sdpa_masked_windows_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     applies); 1, lengths, and 2, windows, the seqlens_k op's (the same, window by window:
     ``backward.kernel_backward``). O and LSE are kept for the backward where a fused one may use them
     (``backward.keeps_outputs``), with lengths too (which mask comes is known only when the op runs). Tagged
-    cudagraph_unsafe: it reads the mask on the host. Since session 54, in place of `sdpa_masked_op`."""
-    return _sdpa_masked(q, k, v, mask, softmax_scale, backend, windows=True)
+    cudagraph_unsafe: it reads the mask on the host. Since session 54, in place of `sdpa_masked_op`; since session 55
+    kept for the graphs that call it (`sdpa_masked_sequence_windows_op` in its place), refusing the masks whose
+    query counts move a diagonal."""
+    return _sdpa_masked(q, k, v, mask, softmax_scale, backend, rows=2)
+
+
+@torch.library.custom_op("fa_variants::sdpa_masked_sequence_windows", mutates_args=(), tags=_HOST_READ_TAGS)
+def sdpa_masked_sequence_windows_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                                    softmax_scale: float | None, backend: str) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                        torch.Tensor, torch.Tensor]:
+    """`sdpa_masked_windows_op` with each sequence's query count too (its windows int32 (3, batch): ends, first keys,
+    query counts; kind's how 3 where the counts move a diagonal): a causal batch padded on the right runs as one
+    call (its padding rows seeing the whole sequence, as the mask has them), forward and backward. The SDPA
+    drop-in's op while traced since session 55."""
+    return _sdpa_masked(q, k, v, mask, softmax_scale, backend, rows=3)
 
 
 @torch.library.custom_op("fa_variants::sdpa_masked", mutates_args=(), tags=_HOST_READ_TAGS)
@@ -265,11 +311,12 @@ def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     """`sdpa_masked_windows_op` as traced before session 54, kept for the graphs that call it (exported, or in
     torch.compile's caches, whose compiled code checks the shapes of its outputs): masks of lengths only, and the
     ends alone, int32 (batch,), in place of the windows."""
-    return _sdpa_masked(q, k, v, mask, softmax_scale, backend, windows=False)
+    return _sdpa_masked(q, k, v, mask, softmax_scale, backend, rows=1)
 
 
-def _sdpa_masked(q, k, v, mask, softmax_scale: float | None, backend: str, windows: bool):
-    """The two ops' body: ``windows`` False refuses what lengths do not express and returns the ends alone."""
+def _sdpa_masked(q, k, v, mask, softmax_scale: float | None, backend: str, rows: int):
+    """The three ops' body, by the rows of windows they return: 1 (the ends alone) refuses what lengths do not
+    express, 2 (ends, first keys) what needs query counts, 3 (ends, first keys, query counts) neither."""
     from fa_variants import api
     from fa_variants.common import mask_lengths, workspace
 
@@ -281,33 +328,46 @@ def _sdpa_masked(q, k, v, mask, softmax_scale: float | None, backend: str, windo
                                        float_min_blocks=False)
     except mask_lengths.InexpressibleMask as refused:  # (refusals raised outside the handler: no chained context)
         what = refused.what
-    starts = None
+    starts = counts = None
     if read is not None:
         causal, seqlens_k = read
-    elif windows:
-        causal, (seqlens_k, starts) = _one_call_windows(mask, seqlen_q, k.shape[1], batch, heads, "attn_mask")
+    elif rows > 1:
+        causal, (seqlens_k, starts, counts) = _one_call_windows(mask, seqlen_q, k.shape[1], batch, heads, "attn_mask")
+        if not windowed.needs_counts(counts, seqlen_q):
+            counts = None
+        elif rows == 2:
+            raise api.sdpa_mask_refusal(_NEEDS_COUNTS)
     else:
         raise api.sdpa_mask_refusal(what)
     with workspace.uncached():
         if seqlens_k is None:
             out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
-        else:  # lengths (and first keys) on the CPU: checked on the host, copied over without a second sync
-            out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k, leftpad_k=starts)
+        else:  # the windows on the CPU: checked on the host, copied over without a second sync
+            out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k, leftpad_k=starts,
+                                         seqlens_q=counts)
     ends = torch.full((batch,), k.shape[1], dtype=torch.int32) if seqlens_k is None else seqlens_k
-    kind = torch.tensor([causal, 0 if seqlens_k is None else 1 if starts is None else 2], dtype=torch.int32)
-    if not windows:
+    how = 0 if seqlens_k is None else 1 if starts is None else 2 if counts is None else 3
+    kind = torch.tensor([causal, how], dtype=torch.int32)
+    if rows == 1:
         return out.contiguous(), lse.contiguous(), ends, kind
-    return out.contiguous(), lse.contiguous(), torch.stack([ends, torch.zeros_like(ends) if starts is None else
-                                                            starts]), kind
+    starts = torch.zeros_like(ends) if starts is None else starts
+    counts = torch.full_like(ends, seqlen_q) if counts is None else counts
+    return out.contiguous(), lse.contiguous(), torch.stack([ends, starts, counts][:rows]), kind
 
 
 @sdpa_masked_windows_op.register_fake
-def _sdpa_masked_windows_fake(q, k, v, mask, softmax_scale, backend):
+def _sdpa_masked_windows_fake(q, k, v, mask, softmax_scale, backend, rows: int = 2):
     """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then the mask's shape checked
     (`_check_mask_shape`: its values are read when the op runs)."""
     out, lse = _attention_fake(q, k, v, False, softmax_scale, backend)
     _check_mask_shape(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], "attn_mask")
-    return out, lse, torch.empty((2, q.shape[0]), dtype=torch.int32), torch.empty((2,), dtype=torch.int32)
+    return out, lse, torch.empty((rows, q.shape[0]), dtype=torch.int32), torch.empty((2,), dtype=torch.int32)
+
+
+@sdpa_masked_sequence_windows_op.register_fake
+def _sdpa_masked_sequence_windows_fake(q, k, v, mask, softmax_scale, backend):
+    """`_sdpa_masked_windows_fake`'s, with the third row."""
+    return _sdpa_masked_windows_fake(q, k, v, mask, softmax_scale, backend, rows=3)
 
 
 @sdpa_masked_op.register_fake
@@ -340,14 +400,15 @@ def sdpa_masked_backward_op(grad_out: torch.Tensor | None, grad_lse: torch.Tenso
                             lengths: torch.Tensor, kind: torch.Tensor, softmax_scale: float | None,
                             backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``backward.kernel_backward`` for the mask ``sdpa_masked_windows`` / ``sdpa_masked`` read (``kind`` and
-    ``lengths``: the windows (2, batch), or the ends alone (batch,) from ``sdpa_masked``; read on the host: they are
-    on the CPU), as one opaque node."""
+    ``lengths``: the windows (3, batch) or (2, batch), or the ends alone (batch,) from ``sdpa_masked``; read on the
+    host: they are on the CPU), as one opaque node."""
     causal, how = kind.tolist()
-    ends, starts = lengths.unbind(0) if lengths.dim() == 2 else (lengths, None)
+    ends, starts, counts = (*lengths.unbind(0), None, None)[:3] if lengths.dim() == 2 else (lengths, None, None)
     seqlens_k = ends if how else None  # on the CPU: read there, no device round trip
-    starts = starts if how == 2 else None
+    starts = starts if how >= 2 else None
+    counts = counts if how == 3 else None
     grads = backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, bool(causal), softmax_scale,
-                                     backend, eager=False, leftpad_k=starts)
+                                     backend, eager=False, leftpad_k=starts, seqlens_q=counts)
     return tuple(g.contiguous() for g in grads)
 
 
@@ -356,7 +417,7 @@ def _sdpa_masked_backward_fake(grad_out, grad_lse, q, k, v, out, lse, lengths, k
     return _empty_grads(q, k, v)
 
 
-for _op in (sdpa_masked_windows_op, sdpa_masked_op):
+for _op in (sdpa_masked_sequence_windows_op, sdpa_masked_windows_op, sdpa_masked_op):
     _op.register_autograd(_sdpa_masked_backward, setup_context=_sdpa_masked_setup_context)
 
 

@@ -19,15 +19,17 @@ too. It returns None when the mask is the plain causal (or full) one that our ``
 no padding, no extra mask function, keys starting at position 0 and queries being the last ``seqlen_q``
 positions, which is exactly our bottom-right causal alignment (prefill, chunked prefill and decoding with a
 dynamic cache). Otherwise it materialises the boolean mask, and the attention function accepts it when our
-``causal`` flag and per-sequence key lengths (``seqlens_k``) express it (``mask_as_lengths``): all-visible,
-bottom-right causal, and either of them over each sequence's first L_b keys (a static KV cache with L_b of its
-slots filled; keys padded on the right). Anything else (left padding, sliding windows that bite, packed
-sequences, additive biases) raises :class:`UnsupportedAttentionError`, whose message says to use
-``attn_implementation="sdpa"`` or ``"eager"`` for that call. Under torch.compile, the padding of transformers'
-2-D attention_mask is read (a graph break) only where it decides whether a mask is needed at all (a dynamic cache:
-keys from position 0, queries at the end); a mask that is built anyway (a static cache's slots, a padded batch)
-costs no graph break: the layer's ``is_causal`` gives the kind and ``torch.ops.fa_variants.mask_window`` reads it
-into seqlens_k and leftpad_k when the compiled graph runs (refusing then what one call cannot express).
+``causal`` flag and per-sequence windows express it: all-visible or bottom-right causal over each sequence's first
+L_b keys (``mask_as_lengths``: a static KV cache with L_b of its slots filled), or one key window per sequence
+(``common.mask_windows``: padding on the left, and a causal batch padded on the right, whose padding rows see the
+whole sequence), run as one call with ``seqlens_k``, ``leftpad_k`` and ``seqlens_q`` (``fa_variants.windowed``).
+Anything else (sliding windows that bite, packed sequences, additive biases) raises
+:class:`UnsupportedAttentionError`, whose message says to use ``attn_implementation="sdpa"`` or ``"eager"`` for that
+call. Under torch.compile, the padding of transformers' 2-D attention_mask is read (a graph break) only where it
+decides whether a mask is needed at all (a dynamic cache: keys from position 0, queries at the end); a mask that is
+built anyway (a static cache's slots, a padded batch) costs no graph break: the layer's ``is_causal`` gives the kind
+and ``torch.ops.fa_variants.mask_sequence_windows`` (``mask_window`` for one query row) reads it into those windows
+when the compiled graph runs (refusing then what one call cannot express).
 
 Training: the kernels have no backward kernel of their own; their gradients come from PyTorch's backward
 (``fa_variants.integrations.backward``: by default cuDNN's fused backward on our forward's O and LSE, else PyTorch's
@@ -184,12 +186,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if causal is None:  # a padded batch's windows (eager)
         return windowed.attention(q, k, v, seqlens_k, softmax_scale=scaling, backend=backend), None
-    leftpad_k = None
-    if isinstance(seqlens_k, torch.Tensor) and seqlens_k.dim() == 2:  # traced: the windows' ends and first keys
-        seqlens_k, leftpad_k = seqlens_k.unbind(0)
+    leftpad_k = seqlens_q = None
+    if isinstance(seqlens_k, torch.Tensor) and seqlens_k.dim() == 2:  # traced: the windows' ends, first keys (and
+        seqlens_k, leftpad_k, seqlens_q = (*seqlens_k.unbind(0), None)[:3]  # query counts where causal rows move)
     # fa_variants.attention is itself one opaque node under torch.compile (the custom op)
     out = fa_variants.attention(q, k, v, causal=causal, softmax_scale=scaling, backend=backend, seqlens_k=seqlens_k,
-                                leftpad_k=leftpad_k)
+                                leftpad_k=leftpad_k, seqlens_q=seqlens_q)
     return out, None
 
 
@@ -230,7 +232,9 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
     UnsupportedAttentionError for a call they cannot express but sdpa can (dropout, a position bias, a sliding
     window that bites, a mask other than causal or full over each sequence's first keys). ``traced_mask``
     (torch.compile tracing, no fallback): the mask's windows come from ``torch.ops.fa_variants.mask_window`` (int32
-    (2, batch): seqlens_k, then leftpad_k), read when the graph runs, so the mask costs no graph break; the layer's
+    (2, batch): seqlens_k, then leftpad_k) or, for a causal layer's query rows beyond one,
+    ``torch.ops.fa_variants.mask_sequence_windows`` ((3, batch): seqlens_q too, each sequence's query count, so a
+    causal batch padded on the right runs), read when the graph runs, so the mask costs no graph break; the layer's
     ``is_causal`` says which kind it must be. (A plain mask does not come here: ``build_mask`` returns None for it.)"""
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if dropout:
@@ -255,8 +259,9 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
             raise _refuse(refused.what) from None
     _check_mask_shape(attention_mask, seqlen_q, seqlen_k)
     causal = _module_causal(module, is_causal)
-    return causal, torch.ops.fa_variants.mask_window(attention_mask, causal, seqlen_q, seqlen_k, query.shape[0],
-                                                     query.shape[1], "attention_mask")
+    # one query row (a decoding step) or a full layer: no query count moves a diagonal (the two-row op's windows)
+    read = torch.ops.fa_variants.mask_sequence_windows if causal and seqlen_q > 1 else torch.ops.fa_variants.mask_window
+    return causal, read(attention_mask, causal, seqlen_q, seqlen_k, query.shape[0], query.shape[1], "attention_mask")
 
 
 def _module_causal(module, is_causal: bool | None) -> bool:
