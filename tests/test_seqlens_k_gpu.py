@@ -287,7 +287,8 @@ def test_sdpa_attn_mask_as_lengths_on_the_kernels(causal):
 def test_padded_batch_windows_on_the_kernels(backend, side):
     """The SDPA drop-in's attn_mask of a padded causal batch (left: a prompt batch; right: a training batch; lengths
     0 .. 300 of 300 tokens, head_dim 128, GQA 8:2, bf16) runs as one key window per sequence on the kernel
-    (``fa_variants.windowed``: calls on slices), output and gradients within the rule against float64 masked attention,
+    (``fa_variants.windowed``: one call, right padding with seqlens_q since session 55; calls on slices before),
+    output and gradients within the rule against float64 masked attention,
     with the same maths in bf16 (PyTorch, the mask applied) as the baseline; rows that see no key give 0."""
     import fa_variants
     from helpers import assert_grads_within_rule

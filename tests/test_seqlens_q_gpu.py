@@ -90,3 +90,94 @@ def test_fp16_and_the_callers_tensors_untouched():
     assert_attention_ok(out, lse, q, k, v, True, 0.1, seqlens_k=seqlens_k, leftpad_k=leftpad_k, seqlens_q=seqlens_q)
     for was, now in zip(before, (q, k, v, seqlens_k, leftpad_k, seqlens_q)):  # the padding's NaN included
         torch.testing.assert_close(now, was, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2", "fa1"])
+def test_api_right_padded_training_batch(backend):
+    """``fa_variants.attention(causal=True, seqlens_k=lengths, seqlens_q=lengths)``: fa3 and fa2 in one launch, fa1
+    (no window in its kernel) each distinct window's causal rows and padding rows in a call each."""
+    import fa_variants
+
+    lengths = [300, 0, 131, 300, 64]
+    q, k, v, seqlens_k, _ = windowed_kv_cache([(0, n) for n in lengths], 300, 300, 4, 2, 64, device="cuda")
+    seqlens_q = _counts(lengths)
+    out, lse = fa_variants.attention(q, k, v, causal=True, backend=backend, return_lse=True, seqlens_k=seqlens_k,
+                                     seqlens_q=seqlens_q)
+    assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, seqlens_q=seqlens_q, what=backend)
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+def test_api_replays_in_a_cuda_graph(backend):
+    """Captured once in a CUDA graph (no host read-back), then replayed with new lengths, queries and keys written
+    into the same tensors: each replay's result is the new one (the kernels read the counts at each launch)."""
+    import fa_variants
+    from fa_variants.bench.decode import capture_graph
+
+    lengths = [200, 1, 0, 77]
+    q, k, v, seqlens_k, leftpad_k = windowed_kv_cache([(0, n) for n in lengths], 200, 200, 8, 2, 128, device="cuda")
+    seqlens_q = _counts(lengths)
+    run = lambda: fa_variants.attention(q, k, v, causal=True, backend=backend, return_lse=True,  # noqa: E731
+                                        seqlens_k=seqlens_k, leftpad_k=leftpad_k, seqlens_q=seqlens_q)
+    out, lse = run()  # compile and plan outside the capture
+    assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, leftpad_k=leftpad_k, seqlens_q=seqlens_q)
+    graph, [(out, lse)] = capture_graph(run)
+    for lengths in ([1, 200, 129, 128], [64, 63, 200, 0]):
+        for t in (seqlens_k, seqlens_q):
+            t.copy_(_counts(lengths))
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        for b, n in enumerate(lengths):
+            k[b, n:], v[b, n:] = float("nan"), float("nan")
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, leftpad_k=leftpad_k, seqlens_q=seqlens_q,
+                            what=f"replay {lengths}")
+
+
+@pytest.mark.parametrize("mode", ["cudnn", "flash"])
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+def test_fused_gradients_of_a_right_padded_training_batch(gpu_variant, monkeypatch, backend, mode):
+    """A loss of out alone on a right-padded causal batch: the fused backward once per distinct window's causal rows
+    and once per its padding rows (``backward._backward_by_length``), eagerly and under torch.compile (fullgraph:
+    the seqlens_k op with seqlens_q, its backward the lengths op); gradients finite, within the rule against float64
+    (the same maths in bf16 the baseline), dK and dV 0 past each length."""
+    import warnings
+
+    import fa_variants
+    from fa_variants import dispatch
+    from fa_variants.integrations import backward
+    from fa_variants.reference import attention_reference
+    from helpers import assert_grads_within_rule, exact_grads
+
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
+    gpu_variant(backend)
+    fused = []
+    for name in ("cudnn_backward", "flash_backward"):
+        monkeypatch.setattr(backward, name,
+                            lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
+    lengths = [300, 270, 300, 199]
+    q, k, v, seqlens_k, _ = windowed_kv_cache([(0, n) for n in lengths], 300, 300, 8, 2, 128, dtype=torch.bfloat16,
+                                              device="cuda")
+    k, v = k.nan_to_num(), v.nan_to_num()  # (the reference baselines' autograd would carry NaN through 0 * NaN)
+    grad_out = torch.randn(q.shape, dtype=torch.bfloat16, device="cuda")
+    kwargs = dict(causal=True, seqlens_k=seqlens_k, seqlens_q=_counts(lengths))
+    exact = exact_grads(q, k, v, grad_out, **kwargs)
+    same_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    same = torch.autograd.grad(attention_reference(*same_leaves, dtype=torch.bfloat16, **kwargs)[0], same_leaves,
+                               grad_out)
+    torch._dynamo.reset()
+    try:
+        for fn in (fa_variants.attention, torch.compile(fa_variants.attention, fullgraph=True)):
+            fused.clear()
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+                got = torch.autograd.grad(fn(*leaves, backend=backend, **kwargs), leaves, grad_out)
+            assert len(fused) == 5, fused  # 300 keys: one call; 270 and 199: causal rows, then padding rows
+            assert all(g.isfinite().all() for g in got)
+            assert_grads_within_rule(got, same, exact)
+            for b, n in enumerate(lengths):
+                for g in got[1:]:
+                    assert not g[b, n:].any()
+    finally:
+        torch._dynamo.reset()

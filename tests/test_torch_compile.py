@@ -349,14 +349,17 @@ def test_seqlens_k_training_under_compile_on_the_gpu(mode, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("padded", [False, True, "left"], ids=["plain-mask", "padded-keys", "left-padded"])
+@pytest.mark.parametrize("padded", [False, True, "left", "right"],
+                         ids=["plain-mask", "padded-keys", "left-padded", "right-padded-causal"])
 def test_sdpa_attn_mask_training_under_compile_fullgraph_on_the_gpu(padded, monkeypatch):
     """The SDPA drop-in's attn_mask in a compiled training step (fullgraph=True, inductor), on the kernel backend:
     torch.ops.fa_variants.sdpa_masked_windows reads the mask when the graph runs; its backward is the plain call's fused
     one for a mask without padding, and with key lengths one fused call per length (since session 53; the reference's
     before); keys padded on the left (an encoder's batch: full over [p_b, N)) run as one call with leftpad_k (since
-    session 54), the backward one fused call per window. Output and gradients within the rule against float64, with
-    torch's SDPA in bf16 as the baseline (FA_VARIANTS_BACKWARD cudnn or flash, the default mode)."""
+    session 54), the backward one fused call per window; a causal batch padded on the right (a training batch) as
+    one call with seqlens_q (since session 55), the backward one fused call per window's causal rows and one per its
+    padding rows. Output and gradients within the rule against float64, with torch's SDPA in bf16 as the baseline
+    (FA_VARIANTS_BACKWARD cudnn or flash, the default mode)."""
     from fa_variants.integrations import backward
     from helpers import assert_grads_within_rule, exact_grads
 
@@ -366,12 +369,14 @@ def test_sdpa_attn_mask_training_under_compile_fullgraph_on_the_gpu(padded, monk
     backend = _kernel_backend()
     B, N, H, Hkv, D = 3, 200, 8, 2, 128
     q, k, v = _qkv(B=B, Nq=N, Nk=N, H=H, Hkv=Hkv, D=D, dtype=torch.bfloat16, device="cuda")
-    lengths = torch.tensor([N, 131, 1] if padded is True else [N] * B, device="cuda")
+    lengths = torch.tensor([N, 131, 1] if padded in (True, "right") else [N] * B, device="cuda")
     pads = torch.tensor([0, 69, N - 1] if padded == "left" else [0] * B, device="cuda")
     keys = torch.arange(N, device="cuda")
     mask = (keys[None, None, :] < lengths[:, None, None]) & (keys[None, :, None] >= keys[None, None, :]) \
         if not padded else ((keys[None, None, :] < lengths[:, None, None]) & (keys >= pads[:, None, None])).expand(
             B, N, N)
+    if padded == "right":  # causal over each sequence's first keys: its padding rows see all of them
+        mask = (keys[None, None, :] < lengths[:, None, None]) & (keys[None, :, None] >= keys[None, None, :])
     mask = mask[:, None]  # (B, 1, N, N): causal without padding; full over each sequence's window with it
     grad_out = torch.randn_like(q)
 
@@ -393,12 +398,16 @@ def test_sdpa_attn_mask_training_under_compile_fullgraph_on_the_gpu(padded, monk
             grads.append((out.detach(), [t.grad for t in leaves]))
     finally:
         torch._dynamo.reset()
-    assert len(fused) == (0 if backward.mode() == "pytorch" else 3 if padded else 1), fused  # one per window
+    calls = 5 if padded == "right" else 3 if padded else 1  # per window (right: 1 + 2 + 2 row parts)
+    assert len(fused) == (0 if backward.mode() == "pytorch" else calls), fused
     kwargs = dict(causal=False, seqlens_k=lengths.to(torch.int32)) if padded else dict(causal=True)
     if padded == "left":
         kwargs["leftpad_k"] = pads.to(torch.int32)
+    if padded == "right":
+        kwargs.update(causal=True, seqlens_q=lengths.to(torch.int32))
     assert_attention_ok(grads[0][0], None, q, k, v, kwargs["causal"], seqlens_k=kwargs.get("seqlens_k"),
-                        leftpad_k=kwargs.get("leftpad_k"), what=f"compiled sdpa_masked padded={padded}")
+                        leftpad_k=kwargs.get("leftpad_k"), seqlens_q=kwargs.get("seqlens_q"),
+                        what=f"compiled sdpa_masked padded={padded}")
     assert_grads_within_rule(grads[0][1], grads[1][1], exact_grads(q, k, v, grad_out, **kwargs))
 
 
