@@ -558,7 +558,7 @@ def test_warmup_seqlens_k_plans_every_kernel_a_decode_call_launches(h200, split_
             for seqlen_k in (1023, 4096, 32768, 131072):
                 q, k = _qk(batch, seqlen_q, 32, 8, seqlen_k, head_dim)
                 for cfg in (fa3._problem_config(None, q, k, True), fa3.lengths_config(q, k, True),
-                            fa3.leftpad_config(q, k, True)):
+                            fa3.leftpad_config(q, k, True), fa3.windows_config(q, k, True)):
                     cfg = cfg or fa3.DEFAULT_CONFIGS[head_dim]
                     needed.add(registry.static_config("fa3", "sm_90a", "bf16", head_dim, True, cfg))
                     if cfg.num_splits != 1 and not cfg.fused_merge:

@@ -149,7 +149,7 @@ def test_warmup_seqlens_k_plans_every_kernel_a_decode_call_launches(on_h200, mon
                 for seqlen_k in (1023, 4096, 32768):
                     q, k = qk(batch, seqlen_q, 32, seqlen_k, head_dim=head_dim)
                     for cfg in (fa2._problem_config(None, q, k, True), fa2.lengths_config(q, k, True),
-                                fa2.leftpad_config(q, k, True)):
+                                fa2.leftpad_config(q, k, True), fa2.windows_config(q, k, True)):
                         cfg = cfg or fa2.default_config("sm_90a", head_dim, True)
                         needed.add(registry.static_config("fa2", "sm_90a", "bf16", head_dim, True, cfg))
                         if cfg.num_splits != 1:  # fa2's merge: no pdl, the kernel MERGE_WARP names

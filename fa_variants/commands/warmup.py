@@ -18,7 +18,9 @@ the group (num_heads / num_heads_kv; 64-row tiles, and 128-row ones where ``hopp
 ``--gqa`` and a model's head counts are checked (num_heads % num_heads_kv == 0) and add those kernels; without
 them, such a call compiles at first use. ``--seqlens-k`` adds the kernels that read per-sequence KV lengths
 (``Variant.with_lengths`` of each config above: fa3, fa2) and those that read each sequence's first key too
-(``leftpad_k``: what a compiled Hugging Face model with a mask runs, ``torch.ops.fa_variants.mask_window``). The other kernels a call on one of these configs
+(``leftpad_k``: what a compiled Hugging Face model with a mask runs, ``torch.ops.fa_variants.mask_window``) and,
+causal, its query count (``seqlens_q``: a right-padded training batch, ``mask_sequence_windows``). The other kernels a
+call on one of these configs
 launches come too (``Variant.warm_companions``: the split-KV merge kernel). A backend that
 does not serve a dtype / head_dim / arch is skipped with a note. The last line printed to stdout is one JSON
 object. Exit status 2, with one line on stderr naming the cause: an --arch that is not a compile target, an
@@ -115,7 +117,7 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
          seqlens_k: bool = False) -> tuple[list, list[str]]:
     """(static configs to build, notes on what was skipped); groups: query heads per KV head (``--gqa``);
     seqlens_k: also each config reading per-sequence KV lengths (``Variant.with_lengths``: fa3, fa2), alone and with
-    each sequence's first key (the config's ``leftpad_k``)."""
+    each sequence's first key (the config's ``leftpad_k``), and causal with its query count too (``seqlens_q``)."""
     todo, notes = [], []
     for name in backends:
         for dtype in dtypes:
@@ -132,6 +134,9 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
                         configs += [key(config) for config in (extra(arch, head_dim, c, groups) if extra else ())]
                         windows = [lengths(cfg.config) for cfg in (configs if lengths else ())]
                         windows += [dataclasses.replace(w, leftpad_k=True) for w in windows if hasattr(w, "leftpad_k")]
+                        if c:  # + each sequence's query count (a causal batch padded on the right)
+                            windows += [dataclasses.replace(w, seqlens_q=True) for w in windows
+                                        if getattr(w, "leftpad_k", False)]
                         configs += [key(w) for w in windows]
                         companions = registry.variant(name).warm_companions  # e.g. the split merge kernel
                         todo += configs + [other for cfg in (configs if companions else ())
