@@ -497,6 +497,10 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
         _check_inputs(q, k, v)
         _check_options(causal, scale, backend, False)
     seqlens_k, leftpad_k, seqlens_q, capturing = _check_windows(q, k, seqlens_k, leftpad_k, seqlens_q)
+    if not causal and seqlens_q is not None:  # checked, then dropped: it moves only the causal diagonal
+        seqlens_q = None
+        key = None if key is None else ("seqlens_k" if leftpad_k is None else "leftpad_k", key[1])
+        entry = dispatch.PLANS.get(key)
     windows = _window_tensors(seqlens_k, leftpad_k, seqlens_q)
     if entry is not None and entry[1] == entry[2]():  # a switch flipped since: chosen again, as `launcher` does
         return entry[0](q, k, v, True, *windows)
@@ -558,6 +562,7 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
         seqlens_k = _full_ends(q, k, leftpad_k, seqlens_q)
     if seqlens_k is not None:
         seqlens_k, leftpad_k, seqlens_q, _ = _check_windows(q, k, seqlens_k, leftpad_k, seqlens_q)
+        seqlens_q = seqlens_q if causal else None  # (it moves only the causal diagonal)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     module = _kernel_module(selection.backend)
     if module is None:
