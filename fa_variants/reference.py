@@ -245,13 +245,12 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
                                        seqlens_q=seqlens_q)
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
-    if seqlens_k is not None:
-        check_seqlens_k(seqlens_k, batch, seqlen_k, q.device, values=leftpad_k is None)
-    if leftpad_k is not None:  # (seqlens_k's values too, in the same read)
-        check_leftpad_k(leftpad_k, seqlens_k, batch, seqlen_k, q.device)
-    if seqlens_q is not None:
-        check_seqlens_k(seqlens_q, batch, seqlen_q, q.device, name="seqlens_q")
-        seqlens_q = seqlens_q if causal else None  # (the diagonal is all it moves)
+    for t, name, limit in ((seqlens_k, "seqlens_k", seqlen_k), (leftpad_k, "leftpad_k", seqlen_k),
+                           (seqlens_q, "seqlens_q", seqlen_q)):
+        if t is not None:
+            check_seqlens_k(t, batch, limit, q.device, values=False, name=name)
+    check_window_values(seqlens_k, leftpad_k, seqlens_q, batch, seqlen_k, seqlen_q)  # (all values in one read)
+    seqlens_q = seqlens_q if causal else None  # (the diagonal is all it moves)
     windows = [t for t in (seqlens_k, leftpad_k, seqlens_q) if t is not None]
     if windows and batch > 0 and all(t.device.type != "meta" for t in windows):  # meta: shapes only, below
         return _per_sequence(q, k, v, sequence_windows(seqlens_k, leftpad_k, seqlens_q, batch, seqlen_k, seqlen_q),

@@ -252,8 +252,8 @@ def test_a_padded_batch_under_torch_compile_runs_or_is_refused_when_it_runs():
     the mask op reads it when the compiled graph runs. A left-padded batch runs (each sequence's window as seqlens_k
     and leftpad_k: session 54), its hidden states at the real tokens within the rule; so does a causal batch padded
     on the right (its query counts as seqlens_q: session 55), at every token (its padding rows see the whole
-    sequence, as in transformers' eager attention); a mask of the other kind than the layer's is_causal is refused in
-    one line, under fullgraph=True."""
+    sequence, as in transformers' eager attention); a full mask in a causal layer runs as eagerly (counts 0), a causal
+    one in a non-causal layer is refused in one line, under fullgraph=True."""
     from test_integrations import tiny_llama
 
     model = tiny_llama()
@@ -287,8 +287,11 @@ def test_a_padded_batch_under_torch_compile_runs_or_is_refused_when_it_runs():
     q, k = torch.randn(2, 4, 4, 16), torch.randn(2, 2, 6, 16)
     step = torch.compile(lambda q, k, m: hf.attention_forward(module, q, k, k, m, backend="reference")[0],
                          fullgraph=True, backend="eager")
-    with pytest.raises(hf.UnsupportedAttentionError, match="a full mask for a causal layer"):
-        step(q, k, full)
+    # a full mask in a causal layer runs as the eager call does (each window's query count 0: every row sees it all)
+    torch.testing.assert_close(step(q, k, full), hf.attention_forward(module, q, k, k, full, backend="reference")[0])
+    module.is_causal = False
+    with pytest.raises(hf.UnsupportedAttentionError, match="a causal mask for a non-causal layer"):
+        step(q, k, torch.ones(4, 6, dtype=torch.bool).tril(2)[None, None].expand(2, 1, 4, 6))
     torch._dynamo.reset()
 
 @pytest.mark.parametrize("form", ["key padding (batch, 1, 1, seqlen_k)", "key padding (1, seqlen_k) float",

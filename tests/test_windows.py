@@ -77,8 +77,8 @@ def test_window_gradients_match_masked_attention():
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
-#: windowed.one_call's answer for each case: the causal flag of one call with seqlens_k / leftpad_k / seqlens_q, or
-#: None (the calls on slices), and the query counts it passes (None: seqlens_q not needed)
+#: windowed.one_call's answer for each case: the causal flag of the one call with seqlens_k / leftpad_k / seqlens_q,
+#: and the query counts it passes (None: seqlens_q not needed)
 ONE_CALL = {"left-padded prompt": (True, None), "right-padded training batch": (True, [9, 5, 0]),
             "left-padded decode step": (False, None), "left-padded encoder": (False, None),
             "static cache after left padding": (True, None), "mixed, a sequence without keys": (True, [4, 5, 0, 4]),
@@ -87,11 +87,11 @@ ONE_CALL = {"left-padded prompt": (True, None), "right-padded training batch": (
 
 @pytest.mark.parametrize("case", CASES)
 def test_padded_batches_take_one_call(case, monkeypatch):
-    """Windows whose causal diagonal one call places run as one call with the windows' ends as seqlens_k, starts as
+    """Every mask of one window per sequence runs as one call with the windows' ends as seqlens_k, starts as
     leftpad_k and, where a diagonal is not bottom-right against seqlen_q rows, query counts as seqlens_q (a causal
-    batch padded on the right: its lengths; a full window in a causal batch: 0) (fa3 and fa2: one launch); the
-    others (queries before the window's end) take the calls on slices. Gradients within 1e-12 of masked
-    attention's either way (float64)."""
+    batch padded on the right: its lengths; a full window in a causal batch: 0) (fa3 and fa2: one launch); queries
+    before a window's end read as the window cut at its last row's last key. Gradients within 1e-12 of masked
+    attention's (float64)."""
     from fa_variants import api, windowed
 
     windows, seqlen_q, seqlen_k = CASES[case]
@@ -110,11 +110,8 @@ def test_padded_batches_take_one_call(case, monkeypatch):
         leaves = [t.clone().requires_grad_(True) for t in inputs]
         out = run(*leaves)
         grads.append((out, *torch.autograd.grad(out, leaves, grad)))
-    if causal is None:
-        assert calls == []
-    else:
-        assert len(calls) == 1 and calls[0]["leftpad_k"].tolist() == [w.start for w in found]
-        assert (calls[0]["seqlens_q"] is None) if counts is None else calls[0]["seqlens_q"].tolist() == counts
+    assert len(calls) == 1 and calls[0]["leftpad_k"].tolist() == [w.start for w in found]
+    assert (calls[0]["seqlens_q"] is None) if counts is None else calls[0]["seqlens_q"].tolist() == counts
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 

@@ -171,11 +171,11 @@ def mask_window_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: in
     the left (a prompt batch and its generation under torch.compile), each window one call expresses with the
     layer's ``causal`` (``windowed.one_call``: bottom-right against the window, or full). Its callers while traced:
     ``integrations.hf`` and the SDPA drop-in at seqlen_q 1 without grad, as `mask_lengths_op`'s were (that op stays
-    registered for graphs exported before session 54). Since session 55 its callers take it at seqlen_q 1 only, where
-    no query count moves a diagonal, and `mask_sequence_windows_op` for longer queries. Other masks (a causal batch
-    padded on the right, whose padding rows see the whole sequence; a sliding window that bites) raise the caller's
-    refusal when the graph runs."""
-    windows = _layer_windows(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name)
+    registered for graphs exported before session 54). Since session 55 its callers take it where no query count
+    moves a diagonal (one query row, a non-causal layer), and `mask_sequence_windows_op` for a causal layer's longer
+    queries. Other masks (a causal batch padded on the right, whose padding rows see the whole sequence; a sliding
+    window that bites) raise the caller's refusal when the graph runs."""
+    windows = _layer_windows(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name, counts=False)
     if windowed.needs_counts(windows[2], seqlen_q):
         raise _mask_refusal(name, _NEEDS_COUNTS)
     return windows[:2].to(mask.device)
@@ -188,17 +188,24 @@ def mask_sequence_windows_op(mask: torch.Tensor, causal: bool, seqlen_q: int, se
     leftpad_k and seqlens_q (``windowed.one_call_windows``: the count each causal diagonal is bottom-right against,
     seqlen_q where it ends at the window's last key), so a causal batch padded on the right runs as one call under
     torch.compile too (its padding rows seeing the whole sequence, as the mask has them). Its callers while traced:
-    ``integrations.hf`` at seqlen_q > 1 (since session 55). Masks one call cannot express (a sliding window that
-    bites, packed sequences) raise the caller's refusal when the graph runs."""
-    return _layer_windows(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name).to(mask.device)
+    ``integrations.hf``'s causal layers at seqlen_q > 1 (since session 55). A mask whose windows are all full (no
+    causal limit bites: e.g. a right-padded batch of one-token sequences) runs too, each live window's count 0.
+    Masks one call cannot express (a sliding window that bites, packed sequences) raise the caller's refusal when
+    the graph runs."""
+    return _layer_windows(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name, counts=True).to(mask.device)
 
 
-def _layer_windows(mask, causal: bool, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int,
-                   name: str) -> torch.Tensor:
-    """`_one_call_windows`' windows (3, batch) of a mask read for a layer whose ``causal`` the trace fixed: refused
-    (`_mask_refusal`) where the mask is of the other kind and that matters (more than one query row, a key seen)."""
+def _layer_windows(mask, causal: bool, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int, name: str,
+                   counts: bool) -> torch.Tensor:
+    """`_one_call_windows`' windows (3, batch) of a mask read for a layer whose ``causal`` the trace fixed, where the
+    mask is of the other kind and that matters (more than one query row, a key seen): with ``counts`` a full mask in
+    a causal layer gets each live window's query count 0 (every row sees its whole window); else refused
+    (`_mask_refusal`)."""
     got, windows = _one_call_windows(mask, seqlen_q, seqlen_k, batch, num_heads, name)
-    if got != causal and seqlen_q > 1 and bool((windows[0] > windows[1]).any()):
+    live = windows[0] > windows[1]
+    if got != causal and seqlen_q > 1 and bool(live.any()):
+        if counts and causal:  # (got False: every live window full)
+            return torch.stack([windows[0], windows[1], torch.where(live, 0, seqlen_q).to(torch.int32)])
         raise _mask_refusal(name, f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} "
                                   "layer (while torch.compile traced it, the layer's is_causal chose the kind)")
     return windows

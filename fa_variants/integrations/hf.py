@@ -252,7 +252,7 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
         except UnsupportedAttentionError:
             if torch.compiler.is_compiling():  # (a fallback's graph break reads it: padded batches go to sdpa there)
                 raise
-        try:  # a padded batch: one key window per sequence (fa_variants.windowed: plain calls on slices)
+        try:  # a padded batch: one key window per sequence (fa_variants.windowed: one call)
             return None, mask_windows.as_windows(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1],
                                                  memo=True)
         except mask_lengths.InexpressibleMask as refused:
