@@ -193,3 +193,12 @@ def test_leftpad_ab_plan(capsys):
     shapes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(s["batch"], s["seqlen_q"], s["seqlen_k"]) for s in shapes] == ab.SHAPES
     assert {(s["heads"], s["heads_kv"], s["head_dim"]) for s in shapes} == {(32, 8, 128)}
+
+
+def test_rightpad_ab_plan(capsys):
+    """scripts/rightpad_ab.py --plan prints its shapes without a GPU: 16k padded tokens each, 32:8 heads."""
+    ab = load_script("rightpad_ab")
+    assert ab.main(["--plan"]) == 0
+    shapes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(s["batch"], s["seqlen"]) for s in shapes] == ab.SHAPES and all(b * n == 16384 for b, n in ab.SHAPES)
+    assert {(s["heads"], s["heads_kv"], s["head_dim"]) for s in shapes} == {(32, 8, 128)}
