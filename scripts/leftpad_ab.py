@@ -76,15 +76,24 @@ def entries(shape: dict, seed: int = 0) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    return paired_main(argv, __doc__, plan(), entries, PAIRS, "leftpad.json",
+                       lambda s: f"B {s['batch']} Nq {s['seqlen_q']} Nk {s['seqlen_k']}")
+
+
+def paired_main(argv, doc: str, shapes: list[dict], make_entries, pairs: list[tuple[str, str]], json_name: str,
+                label) -> int:
+    """The command line of this script and of scripts/rightpad_ab.py: --plan prints ``shapes``; else each shape's
+    ``make_entries(shape)`` (dict with fns, checks, ok and what else to keep) timed by the paired protocol against
+    "sdpa-mask", one line per shape (``label(shape)``, the checks, ``pairs``' ratios), --out DIR/``json_name``.
+    Exit status 1 where a check failed."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--plan", action="store_true", help="print the shapes and exit (no GPU needed)")
-    parser.add_argument("--out", type=Path, help="folder for leftpad.json")
+    parser.add_argument("--out", type=Path, help=f"folder for {json_name}")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--cycles", type=int, default=8)
     parser.add_argument("--burst-ms", type=float, default=25.0)
     parser.add_argument("--warmup-ms", type=float, default=1000.0)
     a = parser.parse_args(argv)
-    shapes = plan()
     if a.plan:
         for s in shapes:
             print(json.dumps(s))
@@ -96,20 +105,20 @@ def main(argv=None) -> int:
 
     rows = []
     for shape in shapes:
-        made = entries(shape)
+        made = make_entries(shape)
         timer = GraphBurstTimer(escape_check=False)
         res = paired.paired_ab([paired.Entry(n, f) for n, f in made["fns"].items()], "sdpa-mask", timer,
                                rounds=a.rounds, cycles=a.cycles, burst_ms=a.burst_ms, warmup_ms=a.warmup_ms)
-        row = dict(shape=shape, gpu=torch.cuda.get_device_name(), checks=made["checks"], ok=made["ok"],
+        row = dict(shape=shape, gpu=torch.cuda.get_device_name(), **{k: v for k, v in made.items() if k != "fns"},
                    ms={n: sorted(res.times(n))[len(res.times(n)) // 2] for n in made["fns"]},
-                   ratios={f"{x}/{y}": dataclasses.asdict(res.ratio(x, y)) for x, y in PAIRS},
+                   ratios={f"{x}/{y}": dataclasses.asdict(res.ratio(x, y)) for x, y in pairs},
                    clocks={n: res.clocks(n) for n in made["fns"]}, how=res.how)
         rows.append(row)
-        print(f"B {shape['batch']} Nq {shape['seqlen_q']} Nk {shape['seqlen_k']}: checks "
-              f"{'ok' if made['ok'] else made['checks']}; " + "; ".join(paired.report_lines(res, PAIRS)), flush=True)
+        print(f"{label(shape)}: checks {'ok' if made['ok'] else made['checks']}; "
+              + "; ".join(paired.report_lines(res, pairs)), flush=True)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "leftpad.json").write_text(json.dumps(rows, indent=1, default=str))
+        (a.out / json_name).write_text(json.dumps(rows, indent=1, default=str))
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -24,13 +24,12 @@ DIR/rightpad.json keeps everything. No pass or fail: a measurement (bench/NOTES.
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's fa_variants, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import leftpad_ab  # noqa: E402  (scripts/leftpad_ab.py: the command line and the timing loop)
 
 #: (batch, seqlen): B x N = 16k padded tokens
 SHAPES = [(16, 1024), (4, 4096)]
@@ -84,41 +83,8 @@ def entries(shape: dict, seed: int = 0) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", action="store_true", help="print the shapes and exit (no GPU needed)")
-    parser.add_argument("--out", type=Path, help="folder for rightpad.json")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--cycles", type=int, default=8)
-    parser.add_argument("--burst-ms", type=float, default=25.0)
-    parser.add_argument("--warmup-ms", type=float, default=1000.0)
-    a = parser.parse_args(argv)
-    shapes = plan()
-    if a.plan:
-        for s in shapes:
-            print(json.dumps(s))
-        return 0
-    import torch
-
-    from fa_variants.bench import paired
-    from fa_variants.bench.runtime import GraphBurstTimer
-
-    rows = []
-    for shape in shapes:
-        made = entries(shape)
-        timer = GraphBurstTimer(escape_check=False)
-        res = paired.paired_ab([paired.Entry(n, f) for n, f in made["fns"].items()], "sdpa-mask", timer,
-                               rounds=a.rounds, cycles=a.cycles, burst_ms=a.burst_ms, warmup_ms=a.warmup_ms)
-        row = dict(shape=shape, lengths=made["lengths"], gpu=torch.cuda.get_device_name(), checks=made["checks"],
-                   ok=made["ok"], ms={n: sorted(res.times(n))[len(res.times(n)) // 2] for n in made["fns"]},
-                   ratios={f"{x}/{y}": dataclasses.asdict(res.ratio(x, y)) for x, y in PAIRS},
-                   clocks={n: res.clocks(n) for n in made["fns"]}, how=res.how)
-        rows.append(row)
-        print(f"B {shape['batch']} N {shape['seqlen']}: checks {'ok' if made['ok'] else made['checks']}; "
-              + "; ".join(paired.report_lines(res, PAIRS)), flush=True)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "rightpad.json").write_text(json.dumps(rows, indent=1, default=str))
-    return 0 if all(r["ok"] for r in rows) else 1
+    return leftpad_ab.paired_main(argv, __doc__, plan(), entries, PAIRS, "rightpad.json",
+                                  lambda s: f"B {s['batch']} N {s['seqlen']}")
 
 
 if __name__ == "__main__":

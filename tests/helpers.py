@@ -220,6 +220,50 @@ def exact_grads(q, k, v, grad_out, **kwargs):
     return torch.autograd.grad(out, leaves, grad_out.double())
 
 
+def count_fused_backwards(monkeypatch) -> list:
+    """``integrations.backward``'s fused backwards (cuDNN's, FlashAttention-2's) patched to note each call in the
+    returned list, then run as before."""
+    from fa_variants.integrations import backward
+
+    fused = []
+    for name in ("cudnn_backward", "flash_backward"):
+        monkeypatch.setattr(backward, name, lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
+    return fused
+
+
+def same_and_exact_grads(q, k, v, grad_out, **kwargs):
+    """The gradient rule's two references for a loss of out: the same maths in q's dtype (``attention_reference``
+    with dtype=q.dtype, through autograd) and float64 (`exact_grads`); ``kwargs``: causal and the windows."""
+    from fa_variants.reference import attention_reference
+
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    same = torch.autograd.grad(attention_reference(*leaves, dtype=q.dtype, **kwargs)[0], leaves, grad_out)
+    return same, exact_grads(q, k, v, grad_out, **kwargs)
+
+
+def grads_eager_and_compiled(q, k, v, grad_out, fused: list, **kwargs) -> list:
+    """[(dq, dk, dv), fused calls] of a loss of out through ``fa_variants.attention(q, k, v, **kwargs)`` on fresh
+    leaves, eagerly then under torch.compile(fullgraph=True) (Dynamo reset around it); ``fused``: the list
+    `count_fused_backwards` fills, cleared before each; the kernel backends' fallback warning silenced."""
+    import warnings
+
+    import fa_variants
+    from fa_variants import dispatch
+
+    results = []
+    torch._dynamo.reset()
+    try:
+        for fn in (fa_variants.attention, torch.compile(fa_variants.attention, fullgraph=True)):
+            fused.clear()
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+                results.append((torch.autograd.grad(fn(*leaves, **kwargs), leaves, grad_out), len(fused)))
+    finally:
+        torch._dynamo.reset()
+    return results
+
+
 def assert_grads_within_rule(got, baseline, exact):
     """The tolerance rule for gradients: each of got's (baseline's dtype, exact's shape) within 2x the error of
     ``baseline``'s (a PyTorch computation of the same gradients on the same 16-bit inputs) against ``exact``

@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 from helpers import load_script
 
 
@@ -202,3 +203,37 @@ def test_rightpad_ab_plan(capsys):
     shapes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(s["batch"], s["seqlen"]) for s in shapes] == ab.SHAPES and all(b * n == 16384 for b, n in ab.SHAPES)
     assert {(s["heads"], s["heads_kv"], s["head_dim"]) for s in shapes} == {(32, 8, 128)}
+
+
+def test_padded_ab_loop_with_a_fake_timer(tmp_path, capsys, monkeypatch):
+    """scripts/leftpad_ab.py's paired_main (rightpad_ab.py's too) on a fake timer and fake entries: one line per shape
+    with its checks and ratios, the JSON rows with each entry's ms, the ratios and what the entries keep, exit 1
+    when a check failed."""
+    from fa_variants.bench import runtime
+
+    ab = load_script("rightpad_ab")
+    speed = {"one-call": 1.0, "slices": 3.0, "padded": 1.5, "sdpa-mask": 4.0, "AA": 4.0}
+
+    class Timer:
+        def __init__(self, escape_check=True):
+            pass
+
+        def prepare(self, name, fn, burst_ms):
+            return "fake"
+
+        def cycle(self, names):
+            return [(speed[n], 1, 1500.0, 600.0) for n in names]
+
+    monkeypatch.setattr(runtime, "GraphBurstTimer", Timer)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake")
+    made = dict(fns={n: (lambda: None) for n in ("one-call", "slices", "padded", "sdpa-mask")}, checks={}, ok=True,
+                lengths=[3])
+    monkeypatch.setattr(ab, "entries", lambda shape: made)
+    assert ab.main(["--out", str(tmp_path), "--rounds", "2", "--cycles", "2", "--warmup-ms", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("B 16 N 1024: checks ok; ") and len(lines) == len(ab.SHAPES)
+    rows = json.loads((tmp_path / "rightpad.json").read_text())
+    assert rows[0]["lengths"] == [3] and rows[0]["ms"]["slices"] == pytest.approx(3.0)
+    assert rows[0]["ratios"]["one-call/slices"]["median"] == pytest.approx(3.0)
+    made["ok"] = False
+    assert ab.main(["--rounds", "2", "--cycles", "2", "--warmup-ms", "0"]) == 1

@@ -5,12 +5,11 @@ for a KV cache padded on both sides, against float64 attention over each window.
 at it) and neither use nor let reach O the ones past it. Prefill and decode shapes, causal or not, GQA, every head
 dim, split-KV (the merge kernel, fa3's fused merge), packed GQA, CUDA-graph replays with new windows, the API's
 routing (fa1 per window), and the fused backward window by window."""
-import warnings
 
 import pytest
 import torch
-from helpers import (assert_attention_ok, assert_grads_within_rule, exact_grads, sm90_only, split_decode_config,
-                     windowed_kv_cache)
+from helpers import (assert_attention_ok, assert_grads_within_rule, count_fused_backwards, grads_eager_and_compiled,
+                     same_and_exact_grads, sm90_only, split_decode_config, windowed_kv_cache)
 
 from fa_variants.bench.decode import capture_graph
 
@@ -127,41 +126,22 @@ def test_fused_gradients_window_by_window(gpu_variant, monkeypatch, backend, mod
     cut to it, eagerly and under torch.compile (fullgraph: the seqlens_k op with leftpad_k, its backward the lengths
     op); gradients finite, within the rule against float64 (the same maths in bf16 the baseline), 0 outside each
     window."""
-    import fa_variants
-    from fa_variants import dispatch
-    from fa_variants.integrations import backward
-
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
     gpu_variant(backend)
-    fused = []
-    for name in ("cudnn_backward", "flash_backward"):
-        monkeypatch.setattr(backward, name,
-                            lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
+    fused = count_fused_backwards(monkeypatch)
     windows = [(30, 300), (0, 300), (30, 300), (250, 251), (7, 7), (100, 299)]
     q, k, v, seqlens_k, leftpad_k = windowed_kv_cache(windows, 37, 300, 8, 2, 128, dtype=BF16, device="cuda")
     k, v = k.nan_to_num(), v.nan_to_num()  # (the reference baselines' autograd would carry NaN through 0 * NaN)
     grad_out = torch.randn(q.shape, dtype=BF16, device="cuda")
     kwargs = dict(causal=True, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
-    exact = exact_grads(q, k, v, grad_out, **kwargs)
-    same_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    from fa_variants.reference import attention_reference
-    same = torch.autograd.grad(attention_reference(*same_leaves, dtype=BF16, **kwargs)[0], same_leaves, grad_out)
-    torch._dynamo.reset()
-    try:
-        for fn in (fa_variants.attention, torch.compile(fa_variants.attention, fullgraph=True)):
-            fused.clear()
-            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
-                got = torch.autograd.grad(fn(*leaves, backend=backend, **kwargs), leaves, grad_out)
-            assert len(fused) == 3, fused  # windows of 270, 300 and 199 keys (1 and 0 keys: below 37 rows)
-            assert all(g.isfinite().all() for g in got)
-            assert_grads_within_rule(got, same, exact)
-            for b, (start, end) in enumerate(windows):
-                for g in got[1:]:
-                    assert not g[b, :start].any() and not g[b, end:].any()
-    finally:
-        torch._dynamo.reset()
+    same, exact = same_and_exact_grads(q, k, v, grad_out, **kwargs)
+    for got, calls in grads_eager_and_compiled(q, k, v, grad_out, fused, backend=backend, **kwargs):
+        assert calls == 3, calls  # windows of 270, 300 and 199 keys (1 and 0 keys: below 37 rows)
+        assert all(g.isfinite().all() for g in got)
+        assert_grads_within_rule(got, same, exact)
+        for b, (start, end) in enumerate(windows):
+            for g in got[1:]:
+                assert not g[b, :start].any() and not g[b, end:].any()
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])

@@ -141,43 +141,22 @@ def test_fused_gradients_of_a_right_padded_training_batch(gpu_variant, monkeypat
     and once per its padding rows (``backward._backward_by_length``), eagerly and under torch.compile (fullgraph:
     the seqlens_k op with seqlens_q, its backward the lengths op); gradients finite, within the rule against float64
     (the same maths in bf16 the baseline), dK and dV 0 past each length."""
-    import warnings
-
-    import fa_variants
-    from fa_variants import dispatch
-    from fa_variants.integrations import backward
-    from fa_variants.reference import attention_reference
-    from helpers import assert_grads_within_rule, exact_grads
+    from helpers import assert_grads_within_rule, count_fused_backwards, grads_eager_and_compiled, same_and_exact_grads
 
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
     gpu_variant(backend)
-    fused = []
-    for name in ("cudnn_backward", "flash_backward"):
-        monkeypatch.setattr(backward, name,
-                            lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
+    fused = count_fused_backwards(monkeypatch)
     lengths = [300, 270, 300, 199]
     q, k, v, seqlens_k, _ = windowed_kv_cache([(0, n) for n in lengths], 300, 300, 8, 2, 128, dtype=torch.bfloat16,
                                               device="cuda")
     k, v = k.nan_to_num(), v.nan_to_num()  # (the reference baselines' autograd would carry NaN through 0 * NaN)
     grad_out = torch.randn(q.shape, dtype=torch.bfloat16, device="cuda")
     kwargs = dict(causal=True, seqlens_k=seqlens_k, seqlens_q=_counts(lengths))
-    exact = exact_grads(q, k, v, grad_out, **kwargs)
-    same_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    same = torch.autograd.grad(attention_reference(*same_leaves, dtype=torch.bfloat16, **kwargs)[0], same_leaves,
-                               grad_out)
-    torch._dynamo.reset()
-    try:
-        for fn in (fa_variants.attention, torch.compile(fa_variants.attention, fullgraph=True)):
-            fused.clear()
-            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
-                got = torch.autograd.grad(fn(*leaves, backend=backend, **kwargs), leaves, grad_out)
-            assert len(fused) == 5, fused  # 300 keys: one call; 270 and 199: causal rows, then padding rows
-            assert all(g.isfinite().all() for g in got)
-            assert_grads_within_rule(got, same, exact)
-            for b, n in enumerate(lengths):
-                for g in got[1:]:
-                    assert not g[b, n:].any()
-    finally:
-        torch._dynamo.reset()
+    same, exact = same_and_exact_grads(q, k, v, grad_out, **kwargs)
+    for got, calls in grads_eager_and_compiled(q, k, v, grad_out, fused, backend=backend, **kwargs):
+        assert calls == 5, calls  # 300 keys: one call; 270 and 199: causal rows, then padding rows
+        assert all(g.isfinite().all() for g in got)
+        assert_grads_within_rule(got, same, exact)
+        for b, n in enumerate(lengths):
+            for g in got[1:]:
+                assert not g[b, n:].any()

@@ -225,34 +225,27 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """
     from fa_variants.reference import check_seqlens_k
 
-    counts = bool(getattr(config, "seqlens_q", False))
-    if (seqlens_q is not None) != counts:
-        raise ValueError(f"{variant.name}: seqlens_q {'given' if seqlens_q is not None else 'missing'} for a config "
-                         f"with seqlens_q={counts} (pass both, e.g. its windows_config, or neither)")
-    if seqlens_q is not None:
-        check_seqlens_k(seqlens_q, q.shape[0], q.shape[1], q.device, values=False, name="seqlens_q")
-        if leftpad_k is None:  # each window starts at key 0
-            leftpad_k = torch.zeros((q.shape[0],), dtype=torch.int32, device=q.device)
-    pads = bool(getattr(config, "leftpad_k", False))
-    if (leftpad_k is not None) != pads:
-        raise ValueError(f"{variant.name}: leftpad_k {'given' if leftpad_k is not None else 'missing'} for a config "
-                         f"with leftpad_k={pads} (pass both, e.g. its leftpad_config, or neither)")
-    if leftpad_k is not None:
-        check_seqlens_k(leftpad_k, q.shape[0], k.shape[1], q.device, values=False, name="leftpad_k")
-        if seqlens_k is None:  # each window runs to seqlen_k
-            seqlens_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
-    reads = bool(getattr(config, "seqlens_k", False))
-    if (seqlens_k is not None) != reads:
-        raise ValueError(f"{variant.name}: seqlens_k {'given' if seqlens_k is not None else 'missing'} for a config "
-                         f"with seqlens_k={reads} (pass both, e.g. its lengths_config, or neither)")
-    extra = ()
-    if seqlens_k is not None:  # the kernel reads it as int32 (batch,) on q's device: checked, the values clamped there
-        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False)
-        extra = (seqlens_k.contiguous(),)
-    if leftpad_k is not None:
-        extra += (leftpad_k.contiguous(),)
-    if seqlens_q is not None:
-        extra += (seqlens_q.contiguous(),)
+    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    # the tensors in the order the kernel takes them; a later one given fills the earlier ones left out (each window
+    # from key 0, to seqlen_k), as its config reads them all (`window_config`)
+    tensors = {"seqlens_k": seqlens_k, "leftpad_k": leftpad_k, "seqlens_q": seqlens_q}
+    makers = {"seqlens_k": ("lengths_config", lambda: torch.full((batch,), seqlen_k, dtype=torch.int32,
+                                                                 device=q.device)),
+              "leftpad_k": ("leftpad_config", lambda: torch.zeros((batch,), dtype=torch.int32, device=q.device)),
+              "seqlens_q": ("windows_config", None)}
+    later = False
+    for name in reversed(tensors):  # the kernel reads it as int32 (batch,) on q's device: checked, values clamped
+        reads = bool(getattr(config, name, False))
+        if later and tensors[name] is None:
+            tensors[name] = makers[name][1]()
+        if (tensors[name] is not None) != reads:
+            raise ValueError(f"{variant.name}: {name} {'given' if tensors[name] is not None else 'missing'} for a "
+                             f"config with {name}={reads} (pass both, e.g. its {makers[name][0]}, or neither)")
+        if tensors[name] is not None:
+            check_seqlens_k(tensors[name], batch, seqlen_q if name == "seqlens_q" else seqlen_k, q.device,
+                            values=False, name=name)
+            later = True
+    extra = tuple(t.contiguous() for t in tensors.values() if t is not None)
     return launcher(variant, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)(q, k, v, True, *extra)
 
 
