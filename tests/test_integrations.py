@@ -243,10 +243,16 @@ def test_hf_passes_gqa_natively(model, ids, monkeypatch):
 
 @needs_hf
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_hf_padded_batches_run_on_windows(model, ids, side):
+def test_hf_padded_batches_run_on_windows(model, ids, side, monkeypatch):
     """A padded batch (left: a prompt batch for generation; right: a training batch) runs on fa_variants, one key
-    window per sequence (``fa_variants.windowed``): the logits of the real tokens within the rule against eager
-    attention and the float64 model (the padding rows differ: eager averages a row that sees no key, ours gives 0)."""
+    window per sequence (``fa_variants.windowed``), one call per layer (right: with seqlens_q, since session 55): the
+    logits of the real tokens within the rule against eager attention and the float64 model (left, the padding rows
+    differ: eager averages a row that sees no key, ours gives 0; right, every token: its padding rows see the whole
+    sequence in both)."""
+    from fa_variants import api
+
+    calls = []
+    monkeypatch.setattr(api, "run_seqlens_k", lambda *a, _f=api.run_seqlens_k, **kw: calls.append(kw) or _f(*a, **kw))
     name = hf.register(backend="reference")
     mask = torch.ones_like(ids)
     if side == "left":
@@ -265,6 +271,10 @@ def test_hf_padded_batches_run_on_windows(model, ids, side):
         finally:
             model.set_attn_implementation("eager")
     assert_model_within_rule(got[real], expected[real], exact[real], f"{side}-padded logits")
+    assert len(calls) == model.config.num_hidden_layers
+    assert all((c["seqlens_q"] is not None) == (side == "right") for c in calls)
+    if side == "right":
+        assert_model_within_rule(got, expected, exact, "right-padded logits, padding rows too")
 
 
 @needs_hf
