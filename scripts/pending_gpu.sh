@@ -20,32 +20,26 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 55. Session 54 (H100) ran session 53's plan: L (158 passed; a padded training step 0.94x SDPA's
-#    at D 128 N 4k, 2.1-2.5x at N 1k with 16 lengths), cpu1 (1516 passed), parts 2 (1 failed: a compile test's
-#    bf16 baseline was the float32 reference's, fixed in 0094976, its seed then passed), 3 (637) and 4 (334). Then
-#    it added leftpad_k (each sequence's first key, read by the fa3 / fa2 kernels: K and V viewed from it) and ran
-#    tests/test_leftpad_k_gpu.py's first 112 tests (all passed) and a one-off timing (one launch 4-9x faster than
-#    a call per window). After those calls (no device time left): the checks of both tensors in one read, the
-#    windows' CPU tensors, torch.ops.fa_variants.mask_window (HF and the SDPA drop-in's decoding under compile:
-#    left padding runs there now), warmup --seqlens-k with the leftpad kernels, and two GPU tests (the SDPA
-#    drop-in's left-padded decoding steps compiled, default and reduce-overhead). Name nvidia-h100-x1 or
-#    nvidia-h200, `status` first. In order:
-#    W. `python -m pytest -q -n 8 -p no:cacheprovider tests/test_leftpad_k_gpu.py tests/test_seqlens_k_gpu.py
-#       tests/test_torch_compile.py -k "leftpad or left_padded or windows or padded or sdpa_attn_mask or
-#       static_cache"` (~120 s): prediction: all pass (the compiled left-padded decoding steps through mask_window
-#       on fa3, inside reduce-overhead's graphs; the compiled HF / SDPA masks now through mask_window and the
-#       leftpad_k kernels; test_padded_batch_windows_on_the_kernels's left side as one call, its CPU windows;
-#       test_sdpa_attn_mask_training_under_compile_fullgraph_on_the_gpu[left-padded]: sdpa_masked_windows with
-#       grad, 3 fused backward calls).
-#    E. The whole suite on the final tree, each its own call: parts 2, 1, 3 (the fa3 kernel's K/V views changed under
-#       a switch; its other kernels' SASS is the same: session 54 compared six fa3 / fa2 kernels, plain and seqlens_k,
-#       split, before and after on the CPU), 4, cpu1, cpu2: prediction: all pass.
-#    T. `python3 scripts/leftpad_ab.py --out $OUT/leftpad` (~2 min): a left-padded batch, one launch (leftpad) beside
-#       SDPA with the mask and beside the same keys padded on the right (lengths), CUDA-graph bursts (no host time):
-#       prediction: leftpad / lengths 0.97-1.03 (one int32 read and a pointer offset per CTA), leftpad / sdpa-mask
-#       >= 1 at the decoding shapes where our plain decode is (issue 13: 0.96-1.00 of SDPA's time) and 1.5-4x at
-#       the prompt batches (SDPA's masked kernel is not FlashAttention's). Session 54's one-off, with host time
-#       (`bench/h100-2026-12-07-s54/call9`): 218 us against SDPA's 101 us at B 16 Nk 4k decode.
+#    Plan for session 56. Session 55 got no device machine (every start failed or was refused; its device time went
+#    on the failed starts), so session 54's plan (W, E, T) did not run. It added seqlens_q (each sequence's query
+#    count: a causal batch padded on the right, the training batch, in one launch; fa3 / fa2 windows kernels,
+#    Sm90Config / Sm80Config.seqlens_q; the API, the reference, the backward window by window with the causal and
+#    padding rows apart, the ops mask_sequence_windows and sdpa_masked_sequence_windows). The SASS of 15 existing
+#    fa3 / fa2 kernels is byte-identical to session 54's (compared on the CPU). Name nvidia-h100-x1 or nvidia-h200,
+#    `status` first; a failed start costs 1-2 min: try again only once the minutes named have passed. In order:
+#    S. `python -m pytest -q -n 12 -p no:cacheprovider tests/test_seqlens_q_gpu.py tests/test_torch_compile.py
+#       tests/test_seqlens_k_gpu.py tests/test_leftpad_k_gpu.py -k "seqlens_q or right or padded_batch_windows or
+#       fused_gradients"` (~150-250 s cold): prediction: all pass (the windows kernels at head dims 64-256, split,
+#       fused merge and packed; the API on fa3 / fa2 / fa1; CUDA-graph replays; the fused backward 5 calls per mode;
+#       the compiled SDPA drop-in's right-padded training step).
+#    R. `python3 scripts/rightpad_ab.py --out $OUT/rightpad` (~2 min): prediction in bench/NOTES.md "Session 55"
+#       (one-call / slices 1.5-4x at B 16 N 1k, 1.1-1.6x at B 4 N 4k; / padded 1.2-1.8x; / sdpa-mask 2-6x).
+#    T. `python3 scripts/leftpad_ab.py --out $OUT/leftpad` (~2 min): prediction: leftpad / lengths 0.97-1.03,
+#       leftpad / sdpa-mask >= 1 at the decoding shapes, 1.5-4x at the prompt batches (session 54's one-off with host
+#       time, `bench/h100-2026-12-07-s54/call9`: 218 us against SDPA's 101 us at B 16 Nk 4k decode).
+#    E. The whole suite on the final tree, each its own call: parts 2, 1, 3, 4, cpu1, cpu2: prediction: all pass.
+#    No TFLOP/s run of ours against a peer has been made since session 54's kernel change (7b0bea4); the plain kernels'
+#    SASS being unchanged since then is the argument that sessions 30 / 38's figures stand, not a measurement.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's
