@@ -170,3 +170,31 @@ def test_the_ops_pass_opcheck():
 
     with pytest.raises(hf.UnsupportedAttentionError, match="whose rows past a sequence's end see its whole window"):
         torch.ops.fa_variants.mask_window(right, True, 6, 6, 3, 1, "attention_mask")  # (the op of session 54)
+
+
+@pytest.mark.parametrize("tile_m,tile_n", [(64, 64), (128, 128), (128, 176), (192, 128)])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("tail_first", [False, True])
+def test_tile_ranges_with_a_query_count_cover_the_mask(tile_m, tile_n, group, tail_first):
+    """The kernels' tile arithmetic (``common.mask.BlockInfo`` on Python ints) with the diagonal's query count c in
+    place of seqlen_q, rows still Q's padded ones: every key a row sees (j < n and j <= p + n - c, p its query
+    position; the padding rows p >= c see all n) lies in a tile before ``kv_tile_end``, and every key of a tile
+    before ``kv_tile_causal_start`` is seen by every row of the query tile (those tiles run unmasked)."""
+    from fa_variants.common.mask import BlockInfo
+
+    if tail_first and group != 1:
+        pytest.skip("q_tail_first is not taken with packed GQA")
+    blocks = BlockInfo(tile_m, tile_n, True, qhead_per_kvhead=group)
+    for seqlen_q in (1, 3, 64, 130, 300):
+        for n in (0, 1, 77, 300, 513):
+            for count in sorted({0, 1, 63, seqlen_q // 2, seqlen_q}):
+                rows = seqlen_q * group
+                for m_block in range(-(-rows // tile_m)):
+                    start = blocks.q_row_start(m_block, seqlen_q, tail_first)
+                    end = min(start + tile_m, rows)
+                    n_end = blocks.kv_tile_end(m_block, count, n, start if tail_first else None)
+                    free = blocks.kv_tile_causal_start(m_block, count, n, start if tail_first else None)
+                    positions = [r // group for r in range(start, end)]
+                    seen = [min(n, p + n - count + 1) for p in positions]  # keys 0 .. seen-1 visible to the row
+                    assert -(-max(seen + [0]) // tile_n) <= n_end, (seqlen_q, n, count, m_block)
+                    assert min(n, free * tile_n) <= max(0, min(seen)), (seqlen_q, n, count, m_block)
