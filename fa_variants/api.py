@@ -826,8 +826,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             torch.export); refused inside CUDA-graph capture. A mask of one key window per sequence (padding on the
             left, a causal batch padded on the right, ``common.mask_windows``) runs as one call with seqlens_k,
             leftpad_k and seqlens_q (``windowed.one_call``: fa3 / fa2 one launch), eagerly and traced (that op, and
-            for a decoding step, one query row without grad, ``torch.ops.fa_variants.mask_window``). Other masks (sliding windows that bite, packed sequences, biases) raise ValueError, integer and 8-bit
-            float masks TypeError. A row that sees no key gives 0 (and LSE -inf).
+            for a decoding step, one query row without grad, ``torch.ops.fa_variants.mask_window``). Other masks
+            (sliding windows that bite, packed sequences, biases) raise ValueError, integer and 8-bit float masks
+            TypeError. A row that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
             seqlen_q == seqlen_k (and where either is 0), so is_causal with other seqlen_q != seqlen_k raises

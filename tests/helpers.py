@@ -227,7 +227,8 @@ def count_fused_backwards(monkeypatch) -> list:
 
     fused = []
     for name in ("cudnn_backward", "flash_backward"):
-        monkeypatch.setattr(backward, name, lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
+        monkeypatch.setattr(backward, name,
+                            lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
     return fused
 
 

@@ -144,7 +144,8 @@ def test_configs_and_launch_check_seqlens_q():
     config = dataclasses.replace(fa2.default_config("sm_80", 64, True), seqlens_k=True, leftpad_k=True)
     with pytest.raises(ValueError, match="seqlens_q given for a config with seqlens_q=False"):
         launch.launch(fa2.VARIANT, q, k, k, causal=True, softmax_scale=0.1, config=config,
-                      seqlens_k=torch.tensor([5, 8], dtype=torch.int32), seqlens_q=torch.tensor([1, 2], dtype=torch.int32))
+                      seqlens_k=torch.tensor([5, 8], dtype=torch.int32),
+                      seqlens_q=torch.tensor([1, 2], dtype=torch.int32))
     with pytest.raises(TypeError, match="seqlens_q must have dtype"):
         launch.launch(fa2.VARIANT, q, k, k, causal=True, softmax_scale=0.1,
                       config=dataclasses.replace(config, seqlens_q=True), seqlens_q=torch.tensor([1, 2]))

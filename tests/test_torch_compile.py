@@ -166,16 +166,17 @@ def test_torch_func_grad_of_sdpa_compiles_fullgraph():
         _close(got, leaf.grad, tol=1e-9)
 
 
+#: the refusal of the per-sequence windows and split options inside torch.func transforms under torch.compile
+_WINDOWS_REFUSED = (r"seqlens_k, leftpad_k, seqlens_q, num_splits and pack_gqa are not supported inside torch.func "
+                    r"transforms")
+
+
 @pytest.mark.parametrize("call, message", [
     (dict(backend="fa2"), r"backend fa2 on cpu inside torch.func transforms under torch.compile: only "
                           r"backend='reference' runs there"),
-    (dict(seqlens_k=torch.tensor([40, 3], dtype=torch.int32)), r"seqlens_k, leftpad_k, seqlens_q, num_splits and "
-                                                               r"pack_gqa are not supported inside torch.func "
-                                                               r"transforms under torch.compile"),
-    (dict(leftpad_k=torch.tensor([4, 3], dtype=torch.int32)), r"seqlens_k, leftpad_k, seqlens_q, num_splits and "
-                                                              r"pack_gqa are not supported inside torch.func transforms"),
-    (dict(seqlens_q=torch.tensor([4, 3], dtype=torch.int32), causal=True), r"seqlens_k, leftpad_k, seqlens_q, "
-                                                                           r"num_splits and pack_gqa are not supported"),
+    (dict(seqlens_k=torch.tensor([40, 3], dtype=torch.int32)), _WINDOWS_REFUSED + r" under torch.compile"),
+    (dict(leftpad_k=torch.tensor([4, 3], dtype=torch.int32)), _WINDOWS_REFUSED),
+    (dict(seqlens_q=torch.tensor([4, 3], dtype=torch.int32), causal=True), _WINDOWS_REFUSED),
 ])
 def test_torch_func_transforms_under_compile_refuse_what_cannot_run(call, message):
     """What the traced reference cannot serve refuses in our words (torch's wraps them in its Unsupported error)."""
