@@ -20,7 +20,7 @@ from fa_variants.common.checks import one_line
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
 from fa_variants.reference import (check_leftpad_k, check_seqlens_k, check_window_values, default_softmax_scale,
-                                   row_parts, sequence_windows)
+                                   over_row_parts, sequence_windows)
 from fa_variants.reference import run as reference_run
 from fa_variants.common import switches
 
@@ -459,17 +459,16 @@ def _kernel_module(backend: str):
     return module
 
 
-def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: float, config=None,
-                  leftpad: bool = False, counts: bool = False):
-    """`_plan` on ``module.lengths_config`` (of ``config``, else of `auto`'s choice; ``leftpad``: its
-    ``leftpad_config``; ``counts``: its ``windows_config``): its run takes seqlens_k (then leftpad_k, then seqlens_q)
-    after want_lse (`_window_tensors`). The config is made only when there is something to launch (`_plan`'s empty
-    shortcuts and forward-only check come first)."""
+def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: float, windows: tuple, config=None):
+    """`_plan` on the config maker of ``module`` that reads ``windows`` (`_window_tensors`: seqlens_k alone, its
+    ``lengths_config``; with leftpad_k, ``leftpad_config``; with seqlens_q too, ``windows_config``), of ``config``,
+    else of `auto`'s choice: its run takes those tensors after want_lse. The config is made only when there is
+    something to launch (`_plan`'s empty shortcuts and forward-only check come first)."""
     launches = q.numel() and k.shape[1] and not _wants_grad(q, k, v)
     if not launches:
         return _plan(selection, q, k, v, causal, scale)
     kv = _config_k(k, v)  # a split whose partial LSE could overflow is no split (``scale_config``)
-    window = module.windows_config if counts else module.leftpad_config if leftpad else module.lengths_config
+    window = (module.lengths_config, module.leftpad_config, module.windows_config)[len(windows) - 1]
     config = window(q, kv, causal, module.scale_config(config, q, kv, causal, scale))
     return _plan(selection, q, k, v, causal, scale, config)
 
@@ -510,8 +509,7 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
     if module is not None:  # the kernel reads the lengths
         switches = module.VARIANT.switches
         state = switches()
-        plan = _lengths_plan(selection, module, q, k, v, causal, scale, leftpad=leftpad_k is not None,
-                             counts=seqlens_q is not None)
+        plan = _lengths_plan(selection, module, q, k, v, causal, scale, windows)
         out, lse = plan(q, k, v, True, *windows)
         dispatch.remember_plan(key, (plan, state, switches))
         return out, lse
@@ -536,10 +534,8 @@ def _run_per_window(selection: Selection, q, k, v, causal: bool, scale: float, s
     for (start, end, count), index in batch_groups.by_value(windows, q.device, ascending=True):
         keys = slice(start, end)
         qg, kg, vg = (t if index is None else batch_groups.take(t, index) for t in (q, k[:, keys], v[:, keys]))
-        parts = [_run(selection, qg[:, rows], kg, vg, part_causal, scale)
-                 for rows, part_causal in row_parts(count, seqlen_q, causal)]
-        o, l = (parts[0] if len(parts) == 1 else
-                (torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 2)))
+        o, l = over_row_parts(count, seqlen_q, causal,
+                              lambda rows, part_causal: _run(selection, qg[:, rows], kg, vg, part_causal, scale))
         if index is None:  # one window for all: views, no copy
             return o, l
         out.index_copy_(0, index, o)
@@ -578,9 +574,8 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     config = module.decode_config(q, _config_k(k, v), causal, num_splits=num_splits, pack_gqa=pack_gqa)
     if seqlens_k is None:
         return _run(selection, q, k, v, causal, scale, config)
-    plan = _lengths_plan(selection, module, q, k, v, causal, scale, config, leftpad=leftpad_k is not None,
-                         counts=seqlens_q is not None)
-    return plan(q, k, v, True, *_window_tensors(seqlens_k, leftpad_k, seqlens_q))
+    windows = _window_tensors(seqlens_k, leftpad_k, seqlens_q)
+    return _lengths_plan(selection, module, q, k, v, causal, scale, windows, config)(q, k, v, True, *windows)
 
 
 def _parameter_call(q, k, v) -> bool:

@@ -161,13 +161,6 @@ def check_window_values(seqlens_k, leftpad_k, seqlens_q, batch: int, seqlen_k: i
                          "(each sequence attends to keys [leftpad_k[b], seqlens_k[b]))")
 
 
-def key_windows(seqlens_k: torch.Tensor | None, leftpad_k: torch.Tensor | None, batch: int,
-                seqlen_k: int) -> list[tuple[int, int]]:
-    """Each sequence's keys [start, end) on the host (one read of the tensors given): end seqlens_k[b] (seqlen_k
-    without), start leftpad_k[b] (0 without)."""
-    return [(start, end) for start, end, _ in sequence_windows(seqlens_k, leftpad_k, None, batch, seqlen_k, 0)]
-
-
 def sequence_windows(seqlens_k: torch.Tensor | None, leftpad_k: torch.Tensor | None, seqlens_q: torch.Tensor | None,
                      batch: int, seqlen_k: int, seqlen_q: int) -> list[tuple[int, int, int]]:
     """Each sequence's (start, end, rows) on the host, the tensors given read back at once (one device sync): keys
@@ -356,9 +349,9 @@ def _per_sequence(q, k, v, windows: list[tuple[int, int, int]], causal: bool,
         index = torch.tensor(members, device=q.device)
         qg = q.index_select(0, index)
         kg, vg = (t.index_select(0, index)[:, start:end] for t in (k, v))
-        parts = [attention_reference(qg[:, rows], kg, vg, causal=part_causal, **kwargs)
-                 for rows, part_causal in row_parts(count, q.shape[1], causal)]
-        o, l = torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 2)
+        o, l = over_row_parts(count, q.shape[1], causal,
+                              lambda rows, part_causal: attention_reference(qg[:, rows], kg, vg, causal=part_causal,
+                                                                            **kwargs))
         for i, b in enumerate(members):
             outs[b], lses[b] = o[i], l[i]
     return torch.stack(outs), torch.stack(lses)
@@ -371,6 +364,15 @@ def row_parts(count: int, seqlen_q: int, causal: bool) -> list[tuple[slice, bool
     if not causal or count >= seqlen_q:
         return [(slice(0, seqlen_q), causal)]
     return [part for part in ((slice(0, count), True), (slice(count, seqlen_q), False)) if part[0].stop > part[0].start]
+
+
+def over_row_parts(count: int, seqlen_q: int, causal: bool, run) -> tuple[torch.Tensor, torch.Tensor]:
+    """``run(rows, causal)`` -> (out, lse) of each of `row_parts`, joined along the query rows (out's dim 1, lse's
+    dim 2); one part's result as it is."""
+    parts = [run(rows, part_causal) for rows, part_causal in row_parts(count, seqlen_q, causal)]
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 2)
 
 
 def _nonfinite_keys(v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor | None, bool]:

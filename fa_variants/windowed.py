@@ -36,14 +36,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
                          seqlens_k=ends, leftpad_k=starts, seqlens_q=counts if needs_counts(counts, seqlen_q) else None)
 
 
-def one_call_windows(windows: list[Window], seqlen_q: int) -> tuple[bool, torch.Tensor]:
+def one_call_windows(windows: list[Window], seqlen_q: int,
+                     causal: bool | None = None) -> tuple[bool, torch.Tensor]:
     """(`one_call`'s causal flag, int32 (3, batch) on the CPU: each window's end (seqlens_k), its first key
     (leftpad_k), and its query count (seqlens_q: `query_count`; seqlen_q where the diagonal needs none)), the windows
-    first cut at their last row's last key (`cut`)."""
+    first cut at their last row's last key (`cut`). ``causal``: the flag of the call that will run them when the
+    caller fixed it (a traced layer's), else `one_call`'s: True gives every window its `query_count` (a full one
+    0: every row sees all of it), False seqlen_q."""
     windows = [cut(w, seqlen_q) for w in windows]
-    causal = one_call(windows, seqlen_q)
+    needed = one_call(windows, seqlen_q)
+    causal = needed if causal is None else causal
     counts = [query_count(w, seqlen_q) if causal else seqlen_q for w in windows]
-    return causal, torch.tensor([[w.end for w in windows], [w.start for w in windows], counts], dtype=torch.int32)
+    return needed, torch.tensor([[w.end for w in windows], [w.start for w in windows], counts], dtype=torch.int32)
 
 
 def cut(window: Window, seqlen_q: int) -> Window:

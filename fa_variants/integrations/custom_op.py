@@ -201,11 +201,9 @@ def _layer_windows(mask, causal: bool, seqlen_q: int, seqlen_k: int, batch: int,
     mask is of the other kind and that matters (more than one query row, a key seen): with ``counts`` a full mask in
     a causal layer gets each live window's query count 0 (every row sees its whole window); else refused
     (`_mask_refusal`)."""
-    got, windows = _one_call_windows(mask, seqlen_q, seqlen_k, batch, num_heads, name)
-    live = windows[0] > windows[1]
-    if got != causal and seqlen_q > 1 and bool(live.any()):
-        if counts and causal:  # (got False: every live window full)
-            return torch.stack([windows[0], windows[1], torch.where(live, 0, seqlen_q).to(torch.int32)])
+    runs = causal if counts and causal else None  # a causal call with counts expresses full windows too
+    got, windows = _one_call_windows(mask, seqlen_q, seqlen_k, batch, num_heads, name, runs)
+    if got != causal and runs is None and seqlen_q > 1 and bool((windows[0] > windows[1]).any()):
         raise _mask_refusal(name, f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} "
                                   "layer (while torch.compile traced it, the layer's is_causal chose the kind)")
     return windows
@@ -217,11 +215,12 @@ _NEEDS_COUNTS = ("a padded batch whose rows past a sequence's end see its whole 
                  "right) in a graph traced before session 55 (trace it again: the mask ops of now run it)")
 
 
-def _one_call_windows(mask, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int,
-                      name: str) -> tuple[bool, torch.Tensor]:
+def _one_call_windows(mask, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int, name: str,
+                      causal: bool | None = None) -> tuple[bool, torch.Tensor]:
     """(causal, windows) of a mask whose key windows one call expresses (``common.mask_windows.as_windows``, one
-    device sync; ``windowed.one_call``): windows int32 (3, batch) on the CPU, each sequence's end (seqlens_k), first
-    key (leftpad_k) and query count (seqlens_q). Other masks raise the caller's refusal (`_mask_refusal`)."""
+    device sync; ``windowed.one_call_windows``, ``causal`` its flag of the call to run): windows int32 (3, batch) on
+    the CPU, each sequence's end (seqlens_k), first key (leftpad_k) and query count (seqlens_q). Other masks raise the
+    caller's refusal (`_mask_refusal`)."""
     from fa_variants.common import mask_lengths, mask_windows
 
     try:
@@ -229,7 +228,7 @@ def _one_call_windows(mask, seqlen_q: int, seqlen_k: int, batch: int, num_heads:
                                           float_min_blocks=name != "attn_mask")
     except mask_lengths.InexpressibleMask as refused:
         raise _mask_refusal(name, refused.what) from None
-    return windowed.one_call_windows(windows, seqlen_q)
+    return windowed.one_call_windows(windows, seqlen_q, causal)
 
 
 @mask_window_op.register_fake
