@@ -468,7 +468,7 @@ def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: fl
     if not launches:
         return _plan(selection, q, k, v, causal, scale)
     kv = _config_k(k, v)  # a split whose partial LSE could overflow is no split (``scale_config``)
-    window = (module.lengths_config, module.leftpad_config, module.windows_config)[len(windows) - 1]
+    window = getattr(module, ("lengths_config", "leftpad_config", "windows_config")[len(windows) - 1])
     config = window(q, kv, causal, module.scale_config(config, q, kv, causal, scale))
     return _plan(selection, q, k, v, causal, scale, config)
 
