@@ -436,7 +436,9 @@ def test_sdpa_attn_mask_under_torch_compile_fullgraph(seqlen_q):
     try:
         for seqlen_k in range(9, 15):
             q, k = torch.randn(2, 4, seqlen_q, 16, generator=g), torch.randn(2, 2, seqlen_k, 16, generator=g)
-            lengths = [seqlen_k, int(torch.randint(seqlen_q + 1, seqlen_k + 1, (), generator=g))]  # room for a hole
+            # sequence 1 keeps keys 0..2 visible in its last row (length >= 3), so the hole at key 1 below is
+            # between visible keys whatever the draw (at seqlen_q 1 a drawn length of 2 left key 0 alone: no hole)
+            lengths = [seqlen_k, int(torch.randint(max(3, seqlen_q + 1), seqlen_k + 1, (), generator=g))]
             mask = _lengths_mask(lengths, seqlen_q, seqlen_k, causal=seqlen_k % 2 == 0)
             want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
             torch.testing.assert_close(compiled(q, k, mask), want, rtol=1e-5, atol=1e-5)
