@@ -20,13 +20,15 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 56. Session 55 got no device machine (every start failed or was refused; its device time went
-#    on the failed starts), so session 54's plan (W, E, T) did not run. It added seqlens_q (each sequence's query
-#    count: a causal batch padded on the right, the training batch, in one launch; fa3 / fa2 windows kernels,
-#    Sm90Config / Sm80Config.seqlens_q; the API, the reference, the backward window by window with the causal and
-#    padding rows apart, the ops mask_sequence_windows and sdpa_masked_sequence_windows). The SASS of 15 existing
-#    fa3 / fa2 kernels is byte-identical to session 54's (compared on the CPU). Name nvidia-h100-x1 or nvidia-h200,
-#    `status` first; a failed start costs 1-2 min: try again only once the minutes named have passed. In order:
+#    Plan for session 57 (session 56's, unchanged: session 56 began with 165 s of device time, too little to start a
+#    machine, and made no device call; it changed tests only). Session 55 got no device machine (every start failed or
+#    was refused; its device time went on the failed starts), so session 54's plan (W, E, T) did not run. It added
+#    seqlens_q (each sequence's query count: a causal batch padded on the right, the training batch, in one launch; fa3
+#    / fa2 windows kernels, Sm90Config / Sm80Config.seqlens_q; the API, the reference, the backward window by window
+#    with the causal and padding rows apart, the ops mask_sequence_windows and sdpa_masked_sequence_windows). The SASS
+#    of 15 existing fa3 / fa2 kernels is byte-identical to session 54's (compared on the CPU). Name nvidia-h100-x1 or
+#    nvidia-h200, `status` first; a failed start costs 1-2 min: try again only once the minutes named have passed. In
+#    order:
 #    S. `python -m pytest -q -n 12 -p no:cacheprovider tests/test_seqlens_q_gpu.py tests/test_torch_compile.py
 #       tests/test_seqlens_k_gpu.py tests/test_leftpad_k_gpu.py -k "seqlens_q or right or padded_batch_windows or
 #       fused_gradients"` (~150-250 s cold): prediction: all pass (the windows kernels at head dims 64-256, split,
