@@ -332,29 +332,40 @@ def test_non_power_of_two_head_dim(D):
 
 def ec23a_inputs(N, H=4, D=128, seed=0):
     """EC-23a at a smaller N: q, k, v ~ N(0,1); k[..., {5, 77}] += 40; q[..., 9] *= 20 on 1% of tokens;
-    v[..., 3] *= 30; bf16."""
+    v[..., 3] *= 30; bf16. Returns (q, k, v, hot): hot (N,) bool, the tokens whose q[..., 9] was scaled."""
     g = seeded_generator(offset=seed)
     q, k, v = (torch.randn(1, N, H, D, generator=g) for _ in range(3))
     k[..., [5, 77]] += 40
     hot = torch.rand(1, N, generator=g) < 0.01
     q[..., 9] = torch.where(hot[..., None], q[..., 9] * 20, q[..., 9])
     v[..., 3] *= 30
-    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+    return q.bfloat16(), k.bfloat16(), v.bfloat16(), hot[0]
 
 
 def test_ec23a_outliers():
     """The shipped path on EC-23a data, N = 512. e4m3 keeps 3 mantissa bits and Q, K, V and P are all
     rounded, which puts even N(0,1) attention at rel-L2 ~5%: EC-23's example 0.999 / 3e-2 is out of reach
-    of any e4m3 path here. Over 160 fresh draws: cos 0.9958-0.9992, rel-L2 0.040-0.094 (median 0.056), so we
-    assert cos >= 0.995 and rel-L2 <= 0.12; the LSE within ``fp8_lse_bound`` (at most 0.67 of it). Without smoothing
-    the +40 channel bias of K costs 2-4.5x (no rotation removes a bias): asserted > 1.5x, draw by draw."""
-    q, k, v = ec23a_inputs(512)
+    of any e4m3 path here.
+
+    O is asserted on the rows of the ordinary queries (99% of them): the outliers must not spoil them. Over 607
+    fresh draws there: cos 0.9978-0.9994 (mean 0.99858, sd 0.0003), rel-L2 0.034-0.067 (mean 0.053, sd 0.006),
+    so cos >= 0.997 and rel-L2 <= 0.08 (both ~5 sd away). The hot queries (|q[..., 9]| up to ~60) give rows
+    whose scores span tens of units: a score error of e4m3's size there (~0.5) can hand the weight between two
+    near-tied keys, so such a row's O can be another key's V (cos 0.09 seen for one (row, head)); over the
+    whole output that made cos < 0.995 or rel-L2 > 0.12 in 7 of 6,300 draws, a flaky bound (CI, session 56).
+    Every row's LSE, the hot ones included, is within ``fp8_lse_bound`` (at most 0.67 of it). Without smoothing
+    the +40 channel bias of K costs every ordinary row 2.2-2.8x (mean 2.58, sd 0.10; no rotation removes a
+    bias): asserted > 1.8x, draw by draw."""
+    q, k, v, hot = ec23a_inputs(512)
+    ordinary = ~hot
     ref, _ = attention_reference(q, k, v)
     out, lse = fp8_attention_reference(q, k, v, accumulator="truncate")
-    assert cos(out, ref) >= 0.995 and rel_l2(out, ref) <= 0.12
+    assert torch.isfinite(out).all()
+    assert cos(out[:, ordinary], ref[:, ordinary]) >= 0.997 and rel_l2(out[:, ordinary], ref[:, ordinary]) <= 0.08
     assert_fp8_lse_ok(lse, q, k, v, causal=False)
     unsmoothed, lse_u = fp8_attention_reference(q, k, v, config=FP8Config(smooth_k=False), accumulator="truncate")
-    assert rel_l2(unsmoothed, ref) > 1.5 * rel_l2(out, ref) and cos(unsmoothed, ref) < cos(out, ref)
+    assert rel_l2(unsmoothed[:, ordinary], ref[:, ordinary]) > 1.8 * rel_l2(out[:, ordinary], ref[:, ordinary])
+    assert cos(unsmoothed[:, ordinary], ref[:, ordinary]) < cos(out[:, ordinary], ref[:, ordinary])
 
 
 def test_fp8_error_bound():
