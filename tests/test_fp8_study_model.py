@@ -69,7 +69,8 @@ def test_model_dir_round_trip_and_missing_piece(rng_seed, folder, tmp_path):
             (broken / f.name).write_bytes(f.read_bytes())
     with pytest.raises(ValueError, match=parts[1].name):
         model_dir.read_weights(broken)
-    (broken / parts[1].name).write_bytes(parts[1].read_bytes()[:-1] + b"\x00")  # same size, other bytes
+    data = parts[1].read_bytes()  # same size, other bytes: the last byte's bits flipped (a 0 written there was
+    (broken / parts[1].name).write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # no change where it was 0 already)
     with pytest.raises(ValueError, match="sha256"):
         model_dir.read_weights(broken)
 
