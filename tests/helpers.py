@@ -362,6 +362,25 @@ def assert_model_within_rule(got, eager, exact, what: str = "output") -> None:
         assert err <= 2 * ref_err + 1e-5, f"{what} {i}: {err:.3g} from float64 vs eager float32: {ref_err:.3g}"
 
 
+def assert_eager_ranks_first(model, generated: torch.Tensor, prompt_length: int,
+                             attention_mask: torch.Tensor | None = None) -> None:
+    """Every token that greedy decoding through our attention appended to ``generated`` (batch, prompt_length +
+    new) is one that ``model`` (eager attention) ranks first, up to rounding (1e-4 of a logit), given the sequence
+    before it. ``attention_mask`` (batch, prompt_length): the prompts' padding, as passed to generate() (left
+    padding: positions count from each sequence's first real token, as generate() numbers them). Comparing our
+    tokens with eager's generate() bit for bit fails on a near-tie of the top two logits, whose order the
+    reduction order of the CPU's BLAS decides (top-two gaps down to 1.4e-3 seen against differences of 8e-6)."""
+    new = generated.shape[1] - prompt_length
+    kwargs = {}
+    if attention_mask is not None:
+        mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], new - 1)], 1)
+        kwargs = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    with torch.no_grad():  # one row per new token: the logits that chose it
+        logits = model(generated[:, :-1], **kwargs).logits[:, prompt_length - 1:]
+    chosen = logits.gather(-1, generated[:, prompt_length:, None]).squeeze(-1)
+    assert (chosen >= logits.amax(-1) - 1e-4).all(), (chosen - logits.amax(-1)).min().item()
+
+
 def assert_same_maths(got: torch.Tensor, expected: torch.Tensor) -> None:
     """got and expected are one computation in two forms (packed and unpacked rows, say) whose float32 reductions may
     run in another order (CPU matmul blocking, another tile shape): a 16-bit output may then cross a rounding

@@ -13,7 +13,7 @@ import fa_variants
 from fa_variants.common import mask_lengths
 from fa_variants.integrations import hf
 from fa_variants.reference import attention_reference
-from helpers import assert_model_within_rule, float64_twin, seeded_generator
+from helpers import assert_eager_ranks_first, assert_model_within_rule, float64_twin, seeded_generator
 
 HAS_HF = importlib.util.find_spec("transformers") is not None
 needs_hf = pytest.mark.skipif(not HAS_HF, reason="needs transformers (pip install -e '.[real]')")
@@ -182,10 +182,7 @@ def test_static_cache_generation_runs_on_our_attention():
     lengths = [None if s is None else s.tolist() for s, _ in calls]
     expected = [None if n == slots else [n, n] for n in range(ids.shape[1], ours.shape[1]) for slots in [calls[0][1]]]
     assert lengths == [n for n in expected for _ in range(2)], lengths  # two layers
-    with torch.no_grad():
-        logits = model(ours[:, :-1]).logits[:, ids.shape[1] - 1:]  # eager on our sequence: one row per new token
-    chosen = logits.gather(-1, ours[:, ids.shape[1]:, None]).squeeze(-1)
-    assert (chosen >= logits.amax(-1) - 1e-4).all()
+    assert_eager_ranks_first(model, ours, ids.shape[1])
 
 
 @needs_hf
