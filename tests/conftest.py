@@ -23,6 +23,19 @@ os.environ.pop("FA_VARIANTS_DISK_CACHE", None)
 atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 
 
+# The tests' terminal and git, whatever the caller's environment exports. rich lays the CLI's tables out for an
+# 80-column terminal without colour codes (a CI workflow's FORCE_COLOR / TTY_COMPATIBLE put escape codes into the
+# widths test_cli measures, and an exported COLUMNS moved them). git trusts the checkout when another user owns it
+# (git >= 2.35.2 refuses it, "dubious ownership": a container running as root over a mounted workspace), through
+# git's environment config (GIT_CONFIG_COUNT, git >= 2.31), for the git commands the tests and scripts/steps.sh run.
+for _name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE"):
+    os.environ.pop(_name, None)
+os.environ["COLUMNS"] = "80"
+_git_configs = int(os.environ.get("GIT_CONFIG_COUNT", "0") or 0)
+os.environ.update({"GIT_CONFIG_COUNT": str(_git_configs + 1), f"GIT_CONFIG_KEY_{_git_configs}": "safe.directory",
+                   f"GIT_CONFIG_VALUE_{_git_configs}": "*"})
+
+
 def _has_dsl() -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
