@@ -354,13 +354,16 @@ def test_a_read_only_cache_is_still_read(cache_dir, monkeypatch, way):
     _forget(cfg)
     monkeypatch.setenv(diskcache.ENV_LOADER, "dsl" if way == "dsl" else "auto")
     _read_only(monkeypatch, cache_dir)
+    scratch = cache_dir.parent / "tmp"  # this test's own temporary directory: the shared one can hold another
+    scratch.mkdir()  # process's scratch files (a concurrent test, a killed run), which the check below counted
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     n, before = cache.cache_info()["compiles"], dict(diskcache.loaded_by)
     with warnings.catch_warnings():
         warnings.simplefilter("error", diskcache.DiskCacheWarning)
         loaded = registry.compiled(cfg)
     assert callable(loaded.fn) and cache.cache_info()["compiles"] == n
     assert diskcache.loaded_by[way] == before[way] + 1
-    assert not [p for p in Path(tempfile.gettempdir()).glob("fa_variants-load-*")]  # the fallback's scratch removed
+    assert not list(scratch.glob("fa_variants-load-*"))  # the fallback's scratch removed
 
 
 @pytest.mark.compile
@@ -392,7 +395,7 @@ def test_concurrent_processes_leave_one_whole_entry(cache_dir):
 def test_warmup_compiles_then_finds_on_disk(cache_dir, tmp_path, capsys):
     model = tmp_path / "config.json"
     model.write_text(json.dumps({"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
-                                 "torch_dtype": "bfloat16"}))
+                                 "torch_dtype": "bfloat16"}), encoding="utf-8")
     argv = ["warmup", "--arch", "sm_80", "--backends", "testkernel,fa3", "--model", str(model), "--causal", "no",
             "--no-progress"]
     reports = []
@@ -509,7 +512,7 @@ def test_warmup_jobs_must_be_positive(capsys):
 def test_warmup_model_config_errors_are_one_line(tmp_path, capsys, config, message):
     """A config.json with heads that cannot be a model's: exit 2 and one line naming the field, no traceback."""
     model = tmp_path / "config.json"
-    model.write_text(json.dumps(config))
+    model.write_text(json.dumps(config), encoding="utf-8")
     assert cli.main(["warmup", "--arch", "sm_90a", "--model", str(model)]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -623,11 +626,11 @@ def test_prune_deletes_only_directories_the_cache_wrote(cache_dir, tmp_path):
     (old / "fa3-sm_90a-bf16-d128-0011223344556677.kernel").write_bytes(b"entry")
     (old / ".fa3-sm_90a-bf16-d128-0011223344556677.kernel.abc123.tmp").write_bytes(b"half")
     (old / ".load-xyz.so").write_bytes(b"so")
-    (foreign / "notes.txt").write_text("mine")
+    (foreign / "notes.txt").write_text("mine", encoding="utf-8")
     (foreign / "a.kernel").write_bytes(b"entry")
-    (cache_dir / "projectA" / "src" / "main.py").write_text("print(1)")
-    (cache_dir / ".git" / "HEAD").write_text("ref: refs/heads/main")
-    (cache_dir / "README").write_text("mine")
+    (cache_dir / "projectA" / "src" / "main.py").write_text("print(1)", encoding="utf-8")
+    (cache_dir / ".git" / "HEAD").write_text("ref: refs/heads/main", encoding="utf-8")
+    (cache_dir / "README").write_text("mine", encoding="utf-8")
     target = tmp_path / "elsewhere"
     target.mkdir()
     (target / "b.kernel").write_bytes(b"entry")
@@ -653,15 +656,15 @@ def test_prune_looks_inside_scratch_folders(cache_dir):
     (old / ".export-a1" / "kernel.o").write_bytes(b"object")
     (old / ".export-a1" / "kernel.so").write_bytes(b"library")
     (old / ".load-c3.so").write_bytes(b"library")  # _load_shared's scratch file
-    (other / ".load-b2" / "deeper" / "notes.txt").write_text("mine")
-    (third / ".x.kernel.abc.tmp" / "project" / "thesis.tex").write_text("mine")
-    (fourth / ".export-mydb.sqlite").write_text("mine")
+    (other / ".load-b2" / "deeper" / "notes.txt").write_text("mine", encoding="utf-8")
+    (third / ".x.kernel.abc.tmp" / "project" / "thesis.tex").write_text("mine", encoding="utf-8")
+    (fourth / ".export-mydb.sqlite").write_text("mine", encoding="utf-8")
     for d in (old, other, third, fourth):
         (d / "x.kernel").write_bytes(b"entry")
     assert diskcache.prune() == [old]
-    assert (other / ".load-b2" / "deeper" / "notes.txt").read_text() == "mine"
-    assert (third / ".x.kernel.abc.tmp" / "project" / "thesis.tex").read_text() == "mine"
-    assert (fourth / ".export-mydb.sqlite").read_text() == "mine"
+    assert (other / ".load-b2" / "deeper" / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert (third / ".x.kernel.abc.tmp" / "project" / "thesis.tex").read_text(encoding="utf-8") == "mine"
+    assert (fourth / ".export-mydb.sqlite").read_text(encoding="utf-8") == "mine"
 
 
 def test_a_bad_loader_switch_is_an_error_not_a_corrupt_entry(cache_dir, monkeypatch):
