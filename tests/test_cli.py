@@ -203,7 +203,7 @@ def test_fp8_study_sweeps_without_a_case_are_an_error(capsys, monkeypatch, tmp_p
 def test_warmup_model_that_is_not_json_is_named(capsys, tmp_path):
     """`warmup --model FILE` with a file that is not JSON: the error names the file (was json's message alone)."""
     bad = tmp_path / "config.json"
-    bad.write_text("not json")
+    bad.write_text("not json", encoding="utf-8")
     assert cli.main(["warmup", "--arch", "sm_90a", "--model", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"fa-variants warmup: error: {bad}: not a JSON config.json"), err
@@ -232,7 +232,7 @@ def test_warmup_with_a_cache_place_it_cannot_write_stops_before_compiling(capsys
     from fa_variants.commands import warmup
 
     blocker = tmp_path / "a file"
-    blocker.write_text("")
+    blocker.write_text("", encoding="utf-8")
     monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(blocker))
     monkeypatch.delenv("FA_VARIANTS_DISK_CACHE", raising=False)
     monkeypatch.setattr(warmup, "warmup", lambda *a, **k: pytest.fail("compiled into a cache it cannot write"))
@@ -250,10 +250,14 @@ def test_warmup_over_a_read_only_cache_that_holds_every_kernel(capsys, monkeypat
     import errno
     import tempfile
 
+    from fa_variants.common import cache
     from fa_variants.commands import warmup
 
     monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("FA_VARIANTS_DISK_CACHE", raising=False)
+    # the process's compiled kernels set aside: a test before this one that compiled the same kernel left it in
+    # memory, and warmup then had nothing to store into the new cache ("not stored", exit 2)
+    monkeypatch.setattr(cache, "_CACHE", {})
     argv = ["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "64", "--causal", "no",
             "--no-progress"]
     assert cli.main(argv) == 0
@@ -282,7 +286,7 @@ def test_warmup_head_counts_beyond_any_model_are_one_line(capsys, monkeypatch, t
     monkeypatch.delenv("FA_VARIANTS_DISK_CACHE", raising=False)
     base = ["warmup", "--arch", "sm_90a", "--backends", "fa3-fp8", "--head-dims", "128", "--no-progress"]
     model = tmp_path / "config.json"
-    model.write_text(json.dumps({"num_attention_heads": heads, "num_key_value_heads": 1, "head_dim": 128}))
+    model.write_text(json.dumps({"num_attention_heads": heads, "num_key_value_heads": 1, "head_dim": 128}), encoding="utf-8")
     for extra in (["--gqa", f"{heads}:1"], ["--model", str(model)]):
         try:
             code = cli.main([*base, *extra])
@@ -320,7 +324,7 @@ def test_warmup_model_whose_text_config_is_not_an_object_reads_the_top_level(tmp
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"text_config": text_config, "num_attention_heads": 8, "num_key_value_heads": 2,
-                                "head_dim": 64, "torch_dtype": "float16"}))
+                                "head_dim": 64, "torch_dtype": "float16"}), encoding="utf-8")
     assert warmup.model_shape(str(path)) == {"head_dim": 64, "heads": 8, "heads_kv": 2, "dtype": "fp16"}
 
 
@@ -783,7 +787,7 @@ def test_stream_set_up_is_the_programs_not_main_s(monkeypatch):
     is not taken for UTF-8 and raises nothing (codecs.lookup raised LookupError, a traceback before any command
     ran)."""
     import io
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
     scripts = tomllib.loads((Path(cli.__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
     assert scripts["project"]["scripts"]["fa-variants"] == "fa_variants.cli:entry"
