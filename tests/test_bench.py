@@ -205,14 +205,14 @@ def test_write_reports_json_markdown_and_charts(tmp_path):
     pytest.importorskip("matplotlib")
     rep, _ = synthetic_report()
     out = report.write_reports(rep, tmp_path / "res")
-    saved = json.loads((tmp_path / "res" / "bench.json").read_text())
+    saved = json.loads((tmp_path / "res" / "bench.json").read_text(encoding="utf-8"))
     assert saved["results"] == rep["results"] and saved["memory"] == rep["memory"]
     assert out["charts_error"] is None and len(out["charts"]) == 4 + 1  # (head_dim, causal) x2 x2 + memory
     names = sorted(p.name for p in out["charts"])
     assert "tflops-bf16-d128-causal.png" in names and "memory.png" in names
     for path in out["charts"]:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
-    md = (tmp_path / "res" / "bench.md").read_text()
+    md = (tmp_path / "res" / "bench.md").read_text(encoding="utf-8")
     assert "![tflops-bf16-d256-noncausal](tflops-bf16-d256-noncausal.png)" in md
 
 
@@ -222,7 +222,7 @@ def test_report_from_json_rebuilds_without_gpu(tmp_path, capsys):
     (tmp_path / "bench.md").unlink()
     code = top_cli.main(["bench", "--report-from", str(tmp_path / "bench.json"), "--no-charts"])
     assert code == 0 and "fa3: ours / best peer" in capsys.readouterr().out
-    assert "| 2048 |" in (tmp_path / "bench.md").read_text()
+    assert "| 2048 |" in (tmp_path / "bench.md").read_text(encoding="utf-8")
     assert top_cli.main(["bench", "--report-from", str(tmp_path / "missing.json")]) == 2
 
 
@@ -238,10 +238,10 @@ def test_report_from_several_runs_merges_them(tmp_path, capsys):
     code = top_cli.main(["bench", "--report-from", str(tmp_path / "a" / "bench.json"),
                          str(tmp_path / "b" / "bench.json"), "--out", str(tmp_path / "all"), "--no-charts"])
     assert code == 0
-    merged = json.loads((tmp_path / "all" / "bench.json").read_text())
+    merged = json.loads((tmp_path / "all" / "bench.json").read_text(encoding="utf-8"))
     assert len(merged["results"]) == 2 * len(rep["results"]) and merged["memory"] == rep["memory"]
     assert [r["command"] for r in merged["meta"]["runs"]] == ["fa-variants bench --synthetic", fp16["meta"]["command"]]
-    md = (tmp_path / "all" / "bench.md").read_text()
+    md = (tmp_path / "all" / "bench.md").read_text(encoding="utf-8")
     assert "### bf16, head_dim 128, causal" in md and "### fp16, head_dim 128, causal" in md
 
 
@@ -260,7 +260,7 @@ def test_report_from_several_runs_never_overwrites_one_of_them(tmp_path, capsys)
         assert "\n" not in err and err.startswith("fa-variants bench: error: --out ") and "would replace" in err, err
         assert {p: Path(p).read_bytes() for p in (a, b)} == before
     assert top_cli.main(["bench", "--report-from", a, "--no-charts"]) == 0  # one run: rebuilt in its own folder
-    assert json.loads(Path(a).read_text())["results"] == rep["results"]
+    assert json.loads(Path(a).read_text(encoding="utf-8"))["results"] == rep["results"]
 
 
 @pytest.mark.parametrize("flags", [["--dry-run"], ["--head-dims", "64"], ["--quick"], ["--causal", "true"],
@@ -318,11 +318,11 @@ def test_run_cli_end_to_end_on_synthetic_timings(fake_gpu, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code == 0
     assert printed.count("fa2 on bf16 D=256") == 1 and "cannot serve" in printed and "Traceback" not in printed
-    saved = json.loads((out / "bench.json").read_text())
+    saved = json.loads((out / "bench.json").read_text(encoding="utf-8"))
     assert len(saved["results"]) == 2 * 2 * 2 * 2 * 5  # dtypes x head dims x causal x seqlens x impls
     assert saved["meta"]["settings"]["seqlens"] == [512, 1024] and saved["meta"]["gpu"]["name"] == "Fake GPU"
     assert {m["seqlen"] for m in saved["memory"]} == {1024, 4096}
-    md = (out / "bench.md").read_text()
+    md = (out / "bench.md").read_text(encoding="utf-8")
     assert "sdpa-cudnn" in md and "OOM" in md and "fa3: ours / best peer" in printed
 
 
@@ -380,7 +380,7 @@ def test_report_from_another_json_is_one_line(tmp_path, capsys, name):
     src.write_text({"fa2_bench.json": '{"device": "H200", "arch": "sm_90", "rows": []}',
                     "ablation.json": '[{"variant": "fa3"}]',
                     "real_input.json": '{"fixture": "x", "per_layer": []}',
-                    "empty.json": '{"meta": {}, "results": [{"impl": "fa2"}]}'}[name])
+                    "empty.json": '{"meta": {}, "results": [{"impl": "fa2"}]}'}[name], encoding="utf-8")
     out = tmp_path / "out"
     assert top_cli.main(["bench", "--report-from", str(src), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
@@ -455,7 +455,7 @@ def test_short_real_benchmark(tmp_path, capsys):
                          "--dtypes", "bf16", "--peers", "sdpa-flash,sdpa-math", "--memory-seqlens", "1024,2048",
                          "--warmup", "5", "--rep", "10", "--out", str(tmp_path), "--no-progress"])
     printed = capsys.readouterr().out
-    saved = json.loads((tmp_path / "bench.json").read_text())
+    saved = json.loads((tmp_path / "bench.json").read_text(encoding="utf-8"))
     flash = [r for r in saved["results"] if r["impl"] == "sdpa-flash"]
     assert flash and flash[0]["tflops"] > 1, printed
     assert all(m["peak_mib"] for m in saved["memory"] if m["impl"] == "sdpa-flash")
@@ -484,10 +484,10 @@ def test_memory_only_measures_no_timing(fake_gpu, tmp_path, capsys):
                          "sdpa-math", "--memory-seqlens", "1024,4096", "--out", str(out), "--no-charts",
                          "--no-progress"])
     assert code == 0, capsys.readouterr()
-    saved = json.loads((out / "bench.json").read_text())
+    saved = json.loads((out / "bench.json").read_text(encoding="utf-8"))
     assert saved["results"] == [] and {m["seqlen"] for m in saved["memory"]} == {1024, 4096}
     assert {m["dtype"] for m in saved["memory"]} == {"fp16"}
-    assert "## Memory: peak allocated MiB" in (out / "bench.md").read_text()
+    assert "## Memory: peak allocated MiB" in (out / "bench.md").read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------ --compare (issue 12)
@@ -570,8 +570,8 @@ def test_a_report_row_of_the_wrong_shape_is_one_line(tmp_path, capsys, change):
     else:
         row[change[1]] = change[2]
     src, saved = tmp_path / "bad.json", tmp_path / "good.json"
-    src.write_text(json.dumps(bad))
-    saved.write_text(json.dumps(good))
+    src.write_text(json.dumps(bad), encoding="utf-8")
+    saved.write_text(json.dumps(good), encoding="utf-8")
     assert top_cli.main(["bench", "--report-from", str(src), "--out", str(tmp_path / "o1"), "--no-charts"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "is not a report of `fa-variants bench`" in err and change[1] in err, err
@@ -602,7 +602,7 @@ def test_compare_across_gpus_gives_ratios_not_regressions(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "REGRESSION" not in out and "compare: the saved run is from another GPU" in out
     assert "compare: 0 of " in out and "not measured in this run (speeds across GPUs not judged)" in out
-    md = (tmp_path / "new" / "compare.md").read_text()
+    md = (tmp_path / "new" / "compare.md").read_text(encoding="utf-8")
     assert "Note: the saved run is from another GPU" in md and "0 of " in md and "slower" not in md.split("|")[0]
     # a case of ours that no longer runs is still flagged across GPUs; a report naming its GPU as a bare string
     gone = json.loads(json.dumps(new))
@@ -627,7 +627,7 @@ def test_cli_compare_with_report_from_needs_no_gpu(tmp_path, capsys):
     out = capsys.readouterr().out
     n_fa2 = sum(r["impl"] == "fa2" and bool(r["tflops"]) for r in old["results"])
     assert slow == 1 and out.count("REGRESSION fa2 ") == n_fa2 and "0.900x" in out
-    md = (tmp_path / "slow" / "compare.md").read_text()
+    md = (tmp_path / "slow" / "compare.md").read_text(encoding="utf-8")
     assert md.count("SLOWER") == n_fa2 and f"{n_fa2} of " in md
     assert top_cli.main(["bench", "--report-from", str(tmp_path / "slow" / "bench.json"), "--no-charts",
                          "--compare", saved, "--threshold", "15"]) == 0
@@ -707,7 +707,7 @@ def test_decode_out_that_cannot_be_made_stops_before_measuring(tmp_path, capsys,
     monkeypatch.setattr(decode, "implementations", lambda ragged: {})
     monkeypatch.setattr(decode, "measure", lambda case, impls, peak, ragged: measured.append(case) or [])
     blocker = tmp_path / "a file"
-    blocker.write_text("")
+    blocker.write_text("", encoding="utf-8")
     argv = ["bench", "--decode", "--decode-nk", "1024", "--decode-nq", "1", "--decode-batch", "1",
             "--decode-head-dims", "64", "--peak-tbps", "3"]
     assert top_cli.main([*argv, "--out", str(blocker / "decode")]) == 2

@@ -39,7 +39,7 @@ def test_archives_hold_raw_files_that_are_not_also_tracked(pb):
         assert not any(n.startswith("/") or ".." in n.split("/") for n in names), (archive, names)
         assert not any((archive.parent / n).exists() for n in names), (archive, "packed and unpacked both")
         note = pb.README_NOTE.format(n=len(names), s="" if len(names) == 1 else "s")
-        assert note in (archive.parent / "README.md").read_text(), archive
+        assert note in (archive.parent / "README.md").read_text(encoding="utf-8"), archive
 
 
 def test_files_read_in_place_stay_unpacked(pb):
@@ -58,13 +58,13 @@ def test_pack_bench_packs_a_run_and_rewrites_the_paths_to_it(pb, tmp_path, monke
     (run / "sub").mkdir(parents=True)
     raw = {"a.json": '{"ms": 1.5}\n' * 50, "b.log": "step ok\n", "sub/c.txt": "ncu page\n"}
     for name, text in raw.items():
-        (run / name).write_text(text)
-    (run / "summary.md").write_text(f"# {RUN}\n")
+        (run / name).write_text(text, encoding="utf-8")
+    (run / "summary.md").write_text(f"# {RUN}\n", encoding="utf-8")
     (run / "chart.png").write_bytes(b"\x89PNG")
     (tmp_path / "bench" / "NOTES.md").write_text(f"see {RUN}/a.json and [b.log]({RUN}/b.log), "
-                                                 f"[{RUN}/sub/c.txt]({RUN}/sub/c.txt); {RUN}/summary.md\n")
-    (tmp_path / "README.md").write_text(f"(bench/{RUN}/sub/c.txt).\n")
-    (tmp_path / "tool.py").write_text(f"# bench/{RUN}/b.log\n")
+                                                 f"[{RUN}/sub/c.txt]({RUN}/sub/c.txt); {RUN}/summary.md\n", encoding="utf-8")
+    (tmp_path / "README.md").write_text(f"(bench/{RUN}/sub/c.txt).\n", encoding="utf-8")
+    (tmp_path / "tool.py").write_text(f"# bench/{RUN}/b.log\n", encoding="utf-8")
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", "-A")
     monkeypatch.setattr(pb, "ROOT", tmp_path)
@@ -72,15 +72,15 @@ def test_pack_bench_packs_a_run_and_rewrites_the_paths_to_it(pb, tmp_path, monke
     archive = run / "raw.tar.xz"
     assert sorted(p.name for p in run.rglob("*") if p.is_file()) == ["README.md", "chart.png", "raw.tar.xz",
                                                                    "summary.md"]
-    assert (tmp_path / "bench" / "NOTES.md").read_text() == (
+    assert (tmp_path / "bench" / "NOTES.md").read_text(encoding="utf-8") == (
         f"see {RUN}/raw.tar.xz:a.json and [b.log]({RUN}/raw.tar.xz), "
         f"[{RUN}/raw.tar.xz:sub/c.txt]({RUN}/raw.tar.xz); {RUN}/summary.md\n")
-    assert (tmp_path / "README.md").read_text() == f"(bench/{RUN}/raw.tar.xz:sub/c.txt).\n"
-    assert (tmp_path / "tool.py").read_text() == f"# bench/{RUN}/raw.tar.xz:b.log\n"
-    assert (run / "README.md").read_text().endswith(pb.README_NOTE.format(n=3, s="s") + "\n")
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == f"(bench/{RUN}/raw.tar.xz:sub/c.txt).\n"
+    assert (tmp_path / "tool.py").read_text(encoding="utf-8") == f"# bench/{RUN}/raw.tar.xz:b.log\n"
+    assert (run / "README.md").read_text(encoding="utf-8").endswith(pb.README_NOTE.format(n=3, s="s") + "\n")
     git(tmp_path, "add", "-A")
     assert pb.stale_references() == []
-    (tmp_path / "README.md").write_text(f"bench/{RUN}/raw.tar.xz:gone.json, bench/{RUN}/gone.md\n")
+    (tmp_path / "README.md").write_text(f"bench/{RUN}/raw.tar.xz:gone.json, bench/{RUN}/gone.md\n", encoding="utf-8")
     assert pb.stale_references() == [f"README.md: bench/{RUN}/raw.tar.xz:gone.json", f"README.md: bench/{RUN}/gone.md"]
     packed = archive.read_bytes()
     with tarfile.open(archive, "r:xz") as tar:
@@ -95,7 +95,7 @@ def test_pack_bench_keeps_the_bytes_of_a_text_file_that_is_not_utf8(pb, tmp_path
     only the path changes; every other byte stays as it was (no replacement characters); its README too."""
     run = tmp_path / "bench" / RUN
     run.mkdir(parents=True)
-    (run / "b.log").write_text("step ok\n")
+    (run / "b.log").write_text("step ok\n", encoding="utf-8")
     (run / "README.md").write_bytes(b"# run caf\xe9\n")
     (tmp_path / "notes.txt").write_bytes(b"caf\xe9 \xff bench/" + RUN.encode() + b"/b.log \xc3\xa9\n")
     git(tmp_path, "init", "-q")
@@ -113,16 +113,16 @@ def test_pack_bench_markdown_packs_long_tables_but_not_the_readme(pb, tmp_path, 
     short one and the README stay."""
     run = tmp_path / "bench" / RUN
     run.mkdir(parents=True)
-    (run / "table.md").write_text("| a | b |\n" * 100)
-    (run / "short.md").write_text("# short\n")
-    (run / "README.md").write_text(f"[table](table.md), bench/{RUN}/table.md\n")
+    (run / "table.md").write_text("| a | b |\n" * 100, encoding="utf-8")
+    (run / "short.md").write_text("# short\n", encoding="utf-8")
+    (run / "README.md").write_text(f"[table](table.md), bench/{RUN}/table.md\n", encoding="utf-8")
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", "-A")
     monkeypatch.setattr(pb, "ROOT", tmp_path)
     assert pb.main([str(run), "--min-bytes", "500"]) == 0 and (run / "table.md").exists()  # not without --markdown
     assert pb.main([str(run), "--markdown", "--min-bytes", "500"]) == 0
     assert sorted(p.name for p in run.iterdir()) == ["README.md", "raw.tar.xz", "short.md"]
-    assert (run / "README.md").read_text().startswith(f"[table](table.md), bench/{RUN}/raw.tar.xz:table.md\n")
+    assert (run / "README.md").read_text(encoding="utf-8").startswith(f"[table](table.md), bench/{RUN}/raw.tar.xz:table.md\n")
     with tarfile.open(run / "raw.tar.xz", "r:xz") as tar:
         assert tar.getnames() == ["table.md"]
 
@@ -134,20 +134,20 @@ def test_pack_bench_keeps_what_code_reads_and_checks_every_card(pb, tmp_path, mo
     card = "h100" + "-y"
     run = tmp_path / "bench" / card
     run.mkdir(parents=True)
-    (run / "table.md").write_text("| a |\n" * 50)
-    (run / "b.log").write_text("step ok\n")
-    (run / "c.log").write_text("other\n")
-    (tmp_path / "model.py").write_text(f'TABLE = ROOT / "bench" / "{card}" / "table.md"\nLOG = "b.log"\n')
-    (tmp_path / "tool.py").write_text(f"# bench/{card}/c.log\n")
+    (run / "table.md").write_text("| a |\n" * 50, encoding="utf-8")
+    (run / "b.log").write_text("step ok\n", encoding="utf-8")
+    (run / "c.log").write_text("other\n", encoding="utf-8")
+    (tmp_path / "model.py").write_text(f'TABLE = ROOT / "bench" / "{card}" / "table.md"\nLOG = "b.log"\n', encoding="utf-8")
+    (tmp_path / "tool.py").write_text(f"# bench/{card}/c.log\n", encoding="utf-8")
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", "-A")
     monkeypatch.setattr(pb, "ROOT", tmp_path)
     assert pb.main([str(run), "--markdown"]) == 0
     assert sorted(p.name for p in run.iterdir()) == ["README.md", "b.log", "raw.tar.xz", "table.md"]
     assert f"kept bench/{card}/table.md: model.py reads it" in capsys.readouterr().out
-    assert (tmp_path / "tool.py").read_text() == f"# bench/{card}/raw.tar.xz:c.log\n"
+    assert (tmp_path / "tool.py").read_text(encoding="utf-8") == f"# bench/{card}/raw.tar.xz:c.log\n"
     git(tmp_path, "add", "-A")
     assert pb.stale_references() == []
-    (tmp_path / "notes.txt").write_text(f"bench/{card}/gone.json\n")
+    (tmp_path / "notes.txt").write_text(f"bench/{card}/gone.json\n", encoding="utf-8")
     git(tmp_path, "add", "-A")
     assert pb.stale_references() == [f"notes.txt: bench/{card}/gone.json"]

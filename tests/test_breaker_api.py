@@ -144,7 +144,7 @@ def test_warmup_model_file_that_is_not_a_json_object_is_one_line(capsys, monkeyp
     """--model with valid JSON that is not an object raised AttributeError ("'list' object has no attribute
     'get'") with a traceback."""
     config = tmp_path / "config.json"
-    config.write_text(text)
+    config.write_text(text, encoding="utf-8")
     status, err = _warmup(capsys, monkeypatch, tmp_path, "--arch", "sm_90a", "--model", str(config))
     assert status == 2 and "Traceback" not in err
     assert str(config) in err and "JSON object" in err
@@ -201,7 +201,7 @@ def test_warmup_that_cannot_write_the_disk_cache_fails(capsys, monkeypatch, tmp_
     cache entry' but reported '1 compiled', a path that does not exist, and exit 0, although nothing was kept for
     the next process, which is warmup's one job."""
     blocker = tmp_path / "not_a_directory"
-    blocker.write_text("")
+    blocker.write_text("", encoding="utf-8")
     monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(blocker))
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80")
     from fa_variants import cli

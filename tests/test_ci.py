@@ -11,10 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ci_runs_the_readme_test_command():
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
     commands = [line for block in blocks for line in block.splitlines() if "pip install" in line and "pytest" in line]
     assert len(commands) == 1, commands  # the README's one install-and-test command
-    ci = (ROOT / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     verbatim = re.compile(re.escape(commands[0]) + r"\s*(\|\||&&|;|$)")  # no argument added after it
     assert any(verbatim.search(line) for line in ci.splitlines() if not line.lstrip().startswith("#")), commands[0]
     subprocess.run(["bash", "-n", str(ROOT / ".ci" / "run")], check=True)
@@ -59,7 +59,7 @@ DISTRIBUTIONS = {"torch": "torch", "numpy": "numpy", "cutlass": "nvidia-cutlass-
 
 
 def _imports(path: Path, module_level_only: bool = False) -> set[str]:
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     nodes = tree.body if module_level_only else ast.walk(tree)
     names = set()
     for node in nodes:
@@ -75,13 +75,13 @@ def test_tests_import_only_what_the_test_command_installs():
     triton, for one): every third-party module a test imports, or a script a test loads imports at its top, is a
     declared dependency or dev extra, or is guarded by pytest.importorskip in that test file."""
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     declared = {re.split(r"[\[<>=;! ]", d, maxsplit=1)[0].lower()
                 for d in project["dependencies"] + project["optional-dependencies"]["dev"]}
     local = {p.stem for folder in ("tests", "scripts") for p in (ROOT / folder).glob("*.py")} | {"fa_variants"}
     faults = []
     for test in sorted((ROOT / "tests").glob("*.py")):
-        text = test.read_text()
+        text = test.read_text(encoding="utf-8")
         names = _imports(test)
         for script in re.findall(r'load_script\("(\w+)"\)', text):
             names |= _imports(ROOT / "scripts" / f"{script}.py", module_level_only=True)

@@ -57,7 +57,7 @@ def test_without_sass_the_sass_tests_skip_only_when_asked(tmp_path):
         shutil.copy(ROOT / "tests" / name, tmp_path / name)
     (tmp_path / "test_probe.py").write_text(
         "def test_sass():\n    raise ImportError(\"--sass needs nvdisasm, from the [sass] extra (not found)\")\n\n"
-        "def test_other():\n    raise ImportError(\"something else\")\n")
+        "def test_other():\n    raise ImportError(\"something else\")\n", encoding="utf-8")
     for optout, want in (("1", "1 failed, 1 skipped"), ("", "2 failed")):
         env = subprocess_env(FA_VARIANTS_TESTS_WITHOUT_SASS=optout)
         run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",

@@ -23,7 +23,7 @@ def test_cp_bench_cpu_smoke(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "correctness: ok" in proc.stdout
-    report = json.loads((tmp_path / "cp_bench.json").read_text())
+    report = json.loads((tmp_path / "cp_bench.json").read_text(encoding="utf-8"))
     assert [(r["seqlen"], r["causal"]) for r in report["rows"]] == [(37, False), (37, True)]
     for row in report["rows"]:
         assert set(row["ms"]) >= {"one GPU", "ring", "ring, check first", "kernels", "kernels + merges", "comm",
@@ -34,7 +34,7 @@ def test_cp_bench_cpu_smoke(tmp_path):
             assert prof["ring"]["calls"] == 1 and "shape check: wait" in prof["ring"]["regions_ms"]
             assert "own step: first piece" in prof["ring"]["regions_ms"]
             assert "own step: first piece" not in prof["ring, check first"]["regions_ms"]
-    table = (tmp_path / "cp_bench.md").read_text()
+    table = (tmp_path / "cp_bench.md").read_text(encoding="utf-8")
     assert table.count("\n| 37 |") == 2 + 2 * 2 * 2 and "N=    37 causal=True" in proc.stdout  # + profile rows
     assert "(rank " in table and "profile N=    37 causal=True  ring" in proc.stdout
 

@@ -873,10 +873,10 @@ def test_decode_table_on_the_gpu(tmp_path, capsys):
     assert main(["bench", "--decode", "--decode-nk", "1024", "--decode-nq", "1", "--decode-batch", "1",
                  "--decode-head-dims", "128", "--decode-no-fa4", "--no-progress", "--out", str(tmp_path)]) == 0
     assert "<= sdpa (auto) at" in capsys.readouterr().out
-    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "decode.json").read_text(encoding="utf-8"))["rows"]
     assert {r["impl"] for r in rows} == {"ours (auto)", "sdpa (auto)"} and len(rows) == 4
     for r in rows:
         assert "error" not in r and r["timer"].startswith("graph x"), r
         assert len(r["gpu_us_rounds"]) == decode.ROUNDS and 0 < r["gpu_us"] < 1000 and r["host_us"] > 0
         assert 0.05 < r["ratio_to_ref"] < 20 and (r["impl"] != "sdpa (auto)" or r["ratio_to_ref"] == 1.0)
-    assert (tmp_path / "decode.md").read_text().startswith("| D | GQA |")
+    assert (tmp_path / "decode.md").read_text(encoding="utf-8").startswith("| D | GQA |")

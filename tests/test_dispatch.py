@@ -216,7 +216,7 @@ def test_module_breaking_the_contract(kernels, monkeypatch):
 
 
 def test_module_failing_at_import(kernels, monkeypatch, tmp_path):
-    (tmp_path / "_fa_broken_kernel.py").write_text("raise RuntimeError('no cutlass here')\n")
+    (tmp_path / "_fa_broken_kernel.py").write_text("raise RuntimeError('no cutlass here')\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     register(monkeypatch, "fa2", "_fa_broken_kernel")
     dispatch.clear_cache()
@@ -226,7 +226,7 @@ def test_module_failing_at_import(kernels, monkeypatch, tmp_path):
 
 
 def test_a_missing_dependency_is_not_called_not_built(kernels, monkeypatch, tmp_path):
-    (tmp_path / "_fa_needs_dep.py").write_text("import _fa_no_such_dependency\n")
+    (tmp_path / "_fa_needs_dep.py").write_text("import _fa_no_such_dependency\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     register(monkeypatch, "fa2", "_fa_needs_dep")
     dispatch.clear_cache()

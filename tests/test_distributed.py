@@ -160,7 +160,7 @@ def _launch(world: int, cases: list, folder: Path) -> list[dict]:
             proc.wait()
     if proc.returncode != 0:
         pytest.fail(f"world {world}: the ranks failed or hung (exit {proc.returncode}, limit {TIMEOUT_S} s):\n"
-                    + (folder / "log").read_text()[-4000:])
+                    + (folder / "log").read_text(encoding="utf-8")[-4000:])
     return [torch.load(folder / f"rank{r}.pt") for r in range(world)]
 
 

@@ -23,13 +23,13 @@ FREE_FORM = {"FA_VARIANTS_CACHE_DIR", "FA_VARIANTS_FIXTURE", "FA_VARIANTS_FUSED_
 def _read_in_package() -> set[str]:
     names = set()
     for path in SOURCES:
-        names |= set(re.findall(r"\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text()))
+        names |= set(re.findall(r"\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text(encoding="utf-8")))
     return names - set(switches.OUTSIDE)  # named in common.switches, read by the tests
 
 
 def _table() -> list[str]:
     """The README's switch table rows (from its header to the first line that is not a row)."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     start = lines.index("| variable | default | effect |")
     rows = []
     for line in lines[start + 2:]:
@@ -89,7 +89,7 @@ def test_every_switch_is_read_through_common_env():
     raw = set()
     for path in SOURCES:
         if path.name != "env.py":
-            raw |= set(re.findall(r"environ(?:\.get\(|\[)\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text()))
+            raw |= set(re.findall(r"environ(?:\.get\(|\[)\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text(encoding="utf-8")))
     assert raw <= FREE_FORM, sorted(raw - FREE_FORM)
 
 
@@ -135,7 +135,7 @@ def test_readme_table_lists_each_switch_once_with_its_default():
     default = {name: row.split(" | ")[1] for name, row in zip(listed, rows)}
     checked = 0
     for path in SOURCES:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         for name, on in re.findall(r"env\.flag\(\"(FA_VARIANTS_\w+)\", (True|False)\)", text):
             assert default[name] == ("on" if on == "True" else "off"), (name, default[name])
             checked += 1
@@ -177,7 +177,7 @@ def test_the_checks_take_what_the_modules_take(monkeypatch):
     module takes pass common.switches, the ones it refuses fail there too."""
     good_bad = {}
     for path in SOURCES:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         for name in re.findall(r"env\.flag\(\"(FA_VARIANTS_\w+)\"", text):
             good_bad[name] = (("0", "on", "False", "yes"), ("2", "maybe"))
         for name in re.findall(r"env\.auto_flag\(\"(FA_VARIANTS_\w+)\"\)", text):
@@ -215,7 +215,7 @@ def test_the_choices_are_the_kernel_modules_own():
            "FA_VARIANTS_FP8_QUANT_PIPELINE": set(quant_host.PIPELINES)}
     choice_call = re.compile(r"env\.choice\((\"FA_VARIANTS_\w+\"|ENV_LOADER), \"\w+\", \(([^)]*)\)\)")
     for path in SOURCES:  # the literal choices of the other env.choice calls
-        for name, names in choice_call.findall(path.read_text()):
+        for name, names in choice_call.findall(path.read_text(encoding="utf-8")):
             name = diskcache.ENV_LOADER if name == "ENV_LOADER" else name.strip('"')
             own.setdefault(name, set(re.findall(r"\"([^\"]+)\"", names)))
     assert set(own) == set(switches.CHOICES), set(own) ^ set(switches.CHOICES)
@@ -326,7 +326,7 @@ def test_the_names_read_outside_the_package_are_the_tests_own():
     for path in sorted((ROOT / "tests").glob("*.py")):
         if path.name == "test_env_switches.py":  # its own unknown names
             continue
-        read |= set(re.findall(r"\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text()))
+        read |= set(re.findall(r"\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text(encoding="utf-8")))
     read -= set(switches.SWITCHES) | set(switches.FREE_FORM)
     assert read <= set(switches.OUTSIDE), read - set(switches.OUTSIDE)
     assert {"FA_VARIANTS_TEST_SEED", "FA_VARIANTS_SESSION_SEED", "FA_VARIANTS_FP8_STATS"} <= set(switches.OUTSIDE)

@@ -267,7 +267,7 @@ def test_study_reads_ncu_csv_beside_the_model(tmp_path):
 
     study = _study()
     ncu = tmp_path / "ncu"
-    ncu.write_text(_FAKE_NCU)
+    ncu.write_text(_FAKE_NCU, encoding="utf-8")
     ncu.chmod(0o755)
     args = study.parse_args(["--out", str(tmp_path), "--ncu", str(ncu), "--ncu-shapes", "128:1024", "64:2048"])
     timing = [dict(variant="fa1", causal=False, seqlen=1024, head_dim=128, ms=2.0)]

@@ -493,8 +493,8 @@ def test_sass_dump_writes_the_ptx_of_the_kernel(tmp_path):
     dump, loops = load_script("sass_dump"), load_script("ptx_loops")
     sass, ptx = tmp_path / "k.sass", tmp_path / "k.ptx"
     assert dump.main(["ours", "--head-dim", "64", "--out", str(sass), "--ptx", str(ptx)]) == 0
-    text = ptx.read_text()
-    assert ".target sm_90a" in text and "wgmma.mma_async" in text and "HGMMA" in sass.read_text()
+    text = ptx.read_text(encoding="utf-8")
+    assert ".target sm_90a" in text and "wgmma.mma_async" in text and "HGMMA" in sass.read_text(encoding="utf-8")
     hot = [lp for lp in loops.analyse(text, live=True) if lp.ex2 and lp.wgmma]
     assert hot and all(lp.live_in > 0 for lp in hot), hot
     with pytest.raises(SystemExit):

@@ -92,7 +92,7 @@ def test_table3_prints_the_papers_values_beside_ours_marked_as_the_papers(capsys
     assert cli.main(["fp8-study", "--out", str(tmp_path), "--no-e2e", "--sweeps", "p", "--backend", "emulation"]) == 0
     out = capsys.readouterr().out
     assert "2.4e-02 (paper)" in out and "9.1e-03 (paper)" in out
-    assert json.loads((tmp_path / "fp8_study.json").read_text())["setup"]["paper"]["table3_rmse"] == {
+    assert json.loads((tmp_path / "fp8_study.json").read_text(encoding="utf-8"))["setup"]["paper"]["table3_rmse"] == {
         "tensor": 2.4e-2, "block+H": 9.1e-3}
 
 
@@ -106,7 +106,7 @@ def _meta(**kw):
 
 def _run_file(folder, name, rows, e2e=None, **setup):
     path = folder / f"{name}.json"
-    path.write_text(json.dumps({"setup": {**_meta(), **setup}, "rows": rows, "e2e": e2e}))
+    path.write_text(json.dumps({"setup": {**_meta(), **setup}, "rows": rows, "e2e": e2e}), encoding="utf-8")
     return str(path)
 
 
@@ -219,7 +219,7 @@ def test_merge_refuses_runs_whose_headers_differ_or_cases_collide(capsys, tmp_pa
     seqlen = [dict(r, sweep="seqlen", seqlen_q=128, seqlen_k=256) for r in _fake_rows(1e-3)]
     e = _run_file(tmp_path, "e", _rows(1e-2) + seqlen)
     assert _merge(capsys, tmp_path, a, e)[0] == 0
-    md = (tmp_path / "merged" / "fp8_study.md").read_text()
+    md = (tmp_path / "merged" / "fp8_study.md").read_text(encoding="utf-8")
     assert "Long-context drift" in md and "p=0.01" in md and "p=0.001" in md
 
 
@@ -237,14 +237,14 @@ def test_merge_never_overwrites_one_of_its_runs(capsys, tmp_path):
     a, b = tmp_path / "a" / "fp8_study.json", tmp_path / "b" / "fp8_study.json"
     for path, p in ((a, 1e-3), (b, 1e-2)):
         path.parent.mkdir()
-        path.write_text(json.dumps({"setup": _meta(), "rows": _rows(p), "e2e": None}))
+        path.write_text(json.dumps({"setup": _meta(), "rows": _rows(p), "e2e": None}), encoding="utf-8")
     before = {path: path.read_bytes() for path in (a, b)}
     assert cli.main(["fp8-study", "--merge", str(a), str(b), "--out", str(a.parent)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"fa-variants fp8-study: error: --out {a.parent}: ") and str(a) in err[0]
     assert {path: path.read_bytes() for path in (a, b)} == before
     assert cli.main(["fp8-study", "--merge", str(a), "--out", str(a.parent)]) == 0
-    assert json.loads(a.read_text()) == json.loads(before[a]) and (a.parent / "fp8_study.md").is_file()
+    assert json.loads(a.read_text(encoding="utf-8")) == json.loads(before[a]) and (a.parent / "fp8_study.md").is_file()
 
 
 def test_merge_refuses_the_flags_of_a_run(capsys, tmp_path):
@@ -252,7 +252,7 @@ def test_merge_refuses_the_flags_of_a_run(capsys, tmp_path):
     one-line error naming them now, before --out is made; the defaults given explicitly and --out still pass."""
     a = tmp_path / "a" / "fp8_study.json"
     a.parent.mkdir()
-    a.write_text(json.dumps({"setup": _meta(), "rows": _rows(), "e2e": None}))
+    a.write_text(json.dumps({"setup": _meta(), "rows": _rows(), "e2e": None}), encoding="utf-8")
     out = tmp_path / "merged"
     for flags, named in ((["--seed", "7"], "--seed"), (["--quick", "--backend", "kernel"], "--quick, --backend"),
                          (["--sweeps", "p"], "--sweeps")):
@@ -274,7 +274,7 @@ def test_without_matplotlib_the_report_is_written_and_the_plots_skipped(capsys, 
 
     src = tmp_path / "run" / "fp8_study.json"
     src.parent.mkdir()
-    src.write_text(json.dumps({"setup": _meta(), "rows": _rows(), "e2e": None}))
+    src.write_text(json.dumps({"setup": _meta(), "rows": _rows(), "e2e": None}), encoding="utf-8")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     out = tmp_path / "out"
     assert cli.main(["fp8-study", "--merge", str(src), "--out", str(out)]) == 0
@@ -297,7 +297,7 @@ def test_a_rerun_removes_the_plots_it_did_not_rewrite(capsys, monkeypatch, tmp_p
 
     src = tmp_path / "run" / "fp8_study.json"
     src.parent.mkdir()
-    src.write_text(json.dumps({"setup": _meta(), "rows": _rows(), "e2e": None}))
+    src.write_text(json.dumps({"setup": _meta(), "rows": _rows(), "e2e": None}), encoding="utf-8")
     out = tmp_path / "out"
     out.mkdir()
     for name in (*study.PLOT_FILES, "notes.png"):
@@ -354,7 +354,7 @@ def test_an_emulation_run_on_a_gpu_machine_records_the_cpu(capsys, monkeypatch, 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake A100")
     monkeypatch.setattr(study, "run_study", lambda cases, **kw: _fake_rows(1e-3))
     assert cli.main(["fp8-study", "--out", str(tmp_path), "--no-e2e", "--sweeps", "p", "--backend", "emulation"]) == 0
-    setup = json.loads((tmp_path / "fp8_study.json").read_text())["setup"]
+    setup = json.loads((tmp_path / "fp8_study.json").read_text(encoding="utf-8"))["setup"]
     assert setup["device"] == "cpu" and "EMULATION" in setup["fp8_source"]
 
 
@@ -387,7 +387,7 @@ def test_a_run_refuses_flags_no_part_of_it_reads(capsys, tmp_path, flags, named)
     without a word, a --model-dir not even looked at (a break-it pass, session 49): now one line naming it, exit
     status 2, before any work and without an output folder, as --merge refuses the flags of a run."""
     file = tmp_path / "given.txt"
-    file.write_text("text")
+    file.write_text("text", encoding="utf-8")
     argv = [a.replace("{file}", str(file)).replace("{tmp}", str(tmp_path)) for a in flags]
     assert cli.main(["fp8-study", *argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()

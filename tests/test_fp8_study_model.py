@@ -116,21 +116,21 @@ def test_cli_on_the_folder_then_merge(folder, tmp_path, capsys):
     path, _ = folder
     a, b, merged = tmp_path / "a", tmp_path / "b", tmp_path / "merged"
     text = tmp_path / "text.txt"
-    text.write_text(FIRST_PARAGRAPH)
+    text.write_text(FIRST_PARAGRAPH, encoding="utf-8")
     assert cli.main(["fp8-study", "--backend", "emulation", "--sweeps", "layer", "--model-dir", str(path),
                      "--text-file", str(text), "--out", str(a)]) == 0
     out = capsys.readouterr().out
     assert "RMSE per layer" in out and "End to end on the real model" in out and "EMULATION" in out
-    run = json.loads((a / "fp8_study.json").read_text())
+    run = json.loads((a / "fp8_study.json").read_text(encoding="utf-8"))
     assert {r["layer"] for r in run["rows"]} == {0, 1} and run["e2e"]["layers"] == 2
     assert {p.name for p in a.glob("*.png")} == {"error_vs_layer.png", "e2e_kl_per_token.png"}
     assert cli.main(["fp8-study", "--backend", "emulation", "--sweeps", "seqlen", "--seqlens", "64", "--heads", "1",
                      "--head-dim", "64", "--no-e2e", "--out", str(b)]) == 0
     assert cli.main(["fp8-study", "--merge", str(a / "fp8_study.json"), str(b / "fp8_study.json"),
                      "--out", str(merged)]) == 0
-    rows = json.loads((merged / "fp8_study.json").read_text())["rows"]
+    rows = json.loads((merged / "fp8_study.json").read_text(encoding="utf-8"))["rows"]
     assert {r["sweep"] for r in rows} == {"layer", "seqlen"} and {r["head_dim"] for r in rows} == {64}
-    report = (merged / "fp8_study.md").read_text()
+    report = (merged / "fp8_study.md").read_text(encoding="utf-8")
     assert "Long-context drift" in report and "End to end on the real model" in report
 
 
@@ -150,11 +150,11 @@ def test_a_fixture_beside_a_model_keeps_the_end_to_end_part(folder, tmp_path, ca
     fixture = study_model.capture_layers(model, ids, text=FIRST_PARAGRAPH, model_name="tiny")
     fixture_file = fixture.save(tmp_path / "fixture.pt.xz")
     text = tmp_path / "text.txt"
-    text.write_text(FIRST_PARAGRAPH)
+    text.write_text(FIRST_PARAGRAPH, encoding="utf-8")
     out = tmp_path / "out"
     assert cli.main(["fp8-study", "--backend", "emulation", "--sweeps", "layer", "--model-dir", str(path),
                      "--fixture", str(fixture_file), "--text-file", str(text), "--out", str(out)]) == 0
-    run = json.loads((out / "fp8_study.json").read_text())
+    run = json.loads((out / "fp8_study.json").read_text(encoding="utf-8"))
     assert {r["layer"] for r in run["rows"]} == {0, 1}
     assert run["e2e"] is not None and run["e2e"]["layers"] == 2 and str(path) in run["setup"]["real_model"]
     assert "End to end on the real model" in capsys.readouterr().out

@@ -176,8 +176,8 @@ def test_cli_fp8_status_only(fake_status, tmp_path, capsys):
     assert [p.label for p, _ in fake_status] == ["D=128 N=16384 non-causal", "D=256 N=16384 non-causal",
                                                  "D=128 N=4096 non-causal", "D=256 N=4096 non-causal"]
     assert fake_status[0][1] == dict(rounds=7, cycles=4, burst_ms=10.0, warmup_ms=500.0)
-    saved = json.loads((tmp_path / "fp8_status.json").read_text())
-    assert len(saved["rows"]) == 4 and (tmp_path / "fp8_status.md").read_text() in printed
+    saved = json.loads((tmp_path / "fp8_status.json").read_text(encoding="utf-8"))
+    assert len(saved["rows"]) == 4 and (tmp_path / "fp8_status.md").read_text(encoding="utf-8") in printed
     assert not (tmp_path / "bench.json").exists()  # no sweep, no memory table
     # the card is named (its targets were set on an H200: session 35 ran on an H100)
     assert saved["gpu"] == "Fake H200" and "\nGPU: Fake H200\n" in printed and "(non-causal; an H200 figure)" in printed
@@ -187,7 +187,7 @@ def test_cli_fp8_status_out_that_cannot_be_made_stops_before_measuring(fake_stat
     """--out where no folder can be made (a file there): one line naming --out before any problem is measured; the
     folder was made after the whole table (minutes on a GPU), whose results were then lost (a review finding)."""
     blocker = tmp_path / "a file"
-    blocker.write_text("")
+    blocker.write_text("", encoding="utf-8")
     code = top_cli.main(["bench", "--fp8-status", "only", "--head-dims", "64", "--seqlens", "4096", "--causal",
                          "true", "--out", str(blocker / "status")])
     err = capsys.readouterr().err.strip()

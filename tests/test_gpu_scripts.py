@@ -33,7 +33,7 @@ def test_shell_script_help(script, tmp_path):
     work.mkdir()
     run = subprocess.run(["bash", str(ROOT / "scripts" / script), "--help"], cwd=work, env=env, capture_output=True,
                          text=True, timeout=30)
-    first = (ROOT / "scripts" / script).read_text().splitlines()[1].removeprefix("# ")
+    first = (ROOT / "scripts" / script).read_text(encoding="utf-8").splitlines()[1].removeprefix("# ")
     assert run.returncode == 0 and run.stderr == "" and run.stdout.splitlines()[0] == first
     assert "set -" not in run.stdout and list(work.iterdir()) == []
 
@@ -48,7 +48,7 @@ def test_gpu_script_preamble(script):
     and sets up its session through steps.sh (gpu_session, or help_from_header first then session_setup); none
     copies the xdist probe (steps.sh's xdist_flag); its last command is steps_exit, so its exit code is its steps'
     and not its closing summary's (session 11: oob_gpu.sh exited 1 with memcheck clean, its last grep found nothing)."""
-    lines = [line for line in (ROOT / "scripts" / script).read_text().splitlines() if not line.startswith("#")]
+    lines = [line for line in (ROOT / "scripts" / script).read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
     text = "\n".join(lines)
     start = lines.index("set -uo pipefail")
     assert lines[start + 1].startswith("source ") and "steps.sh" in lines[start + 1], script
@@ -82,7 +82,7 @@ if [[ $2 == fail ]]; then
 fi
 echo "== summary"; grep -q "no such line" "$LOGS/first.log"
 steps_exit
-""")
+""", encoding="utf-8")
     runs = {mode: subprocess.run(["bash", str(driver), str(tmp_path / mode), mode], cwd=ROOT, env=env,
                                  capture_output=True, text=True, timeout=30) for mode in ("pass", "fail")}
     assert runs["pass"].returncode == 0, runs["pass"].stdout + runs["pass"].stderr
@@ -106,7 +106,7 @@ session_setup "$1/logs"
 printf '%s\n' "$2" > "$LOGS/pytest.log"
 expect_passed 12
 steps_exit
-""")
+""", encoding="utf-8")
     run = subprocess.run(["bash", str(driver), str(tmp_path / "s"), log], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=30)
     assert "== pytest" in run.stdout and (log in run.stdout if log else True)
@@ -119,7 +119,7 @@ def _fake_bin(folder, nvidia_smi):
     """A folder holding an executable `nvidia-smi` that runs the bash text NVIDIA_SMI."""
     folder.mkdir(exist_ok=True)
     smi = folder / "nvidia-smi"
-    smi.write_text("#!/usr/bin/env bash\n" + nvidia_smi + "\n")
+    smi.write_text("#!/usr/bin/env bash\n" + nvidia_smi + "\n", encoding="utf-8")
     smi.chmod(0o755)
     return folder
 
@@ -146,7 +146,7 @@ def _gone_within(pid, seconds: float) -> bool:
 def _alive(pid):
     """The process runs (a zombie left to a parent that does not reap counts as gone)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
 
@@ -171,7 +171,7 @@ wait
 sleep 0.3
 [[ $2 == pack ]] && pack_logs "$1/logs.tgz"
 echo "after $CLOCKS_PID"
-""")
+""", encoding="utf-8")
     run = subprocess.run(["bash", str(driver), str(tmp_path / "out"), "pack"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=30)
     lines = run.stdout.splitlines()
@@ -182,9 +182,9 @@ echo "after $CLOCKS_PID"
     assert len(lines) == 1 + len(expected) and all(re.fullmatch(e, line) for e, line in zip(expected, lines[1:])), \
         run.stdout + run.stderr
     logs = tmp_path / "out" / "logs"
-    assert (logs / "ok.log").read_text() == "hello\n" and (logs / "tailed.log").read_text() == "a\nb\n"
-    assert (logs / "commit.txt").read_text() == _expected_commit(ROOT) and "FAKE H200" in (logs / "gpu.txt").read_text()
-    assert _gone_within(pid, 5.0) and "now, 0, 1980 MHz" in (logs / "clocks.csv").read_text()
+    assert (logs / "ok.log").read_text(encoding="utf-8") == "hello\n" and (logs / "tailed.log").read_text(encoding="utf-8") == "a\nb\n"
+    assert (logs / "commit.txt").read_text(encoding="utf-8") == _expected_commit(ROOT) and "FAKE H200" in (logs / "gpu.txt").read_text(encoding="utf-8")
+    assert _gone_within(pid, 5.0) and "now, 0, 1980 MHz" in (logs / "clocks.csv").read_text(encoding="utf-8")
     with tarfile.open(tmp_path / "out" / "logs.tgz") as tar:
         assert {"logs/ok.log", "logs/slow.log", "logs/commit.txt", "logs/gpu.txt", "logs/clocks.csv"} <= set(tar.getnames())
 
@@ -197,7 +197,7 @@ echo "after $CLOCKS_PID"
 def _expected_commit(root) -> str:
     """What steps.sh write_commit writes for the tree at root (test_steps_sh_commit_label)."""
     given = root / ".gpu" / "commit.txt"
-    first = given.read_text().splitlines()[0] if given.is_file() and given.read_text().strip() else ""
+    first = given.read_text(encoding="utf-8").splitlines()[0] if given.is_file() and given.read_text(encoding="utf-8").strip() else ""
     if first:
         return f"{first} (from .gpu/commit.txt)\n"
     head = subprocess.run(["git", "log", "--oneline", "-1"], cwd=root, capture_output=True, text=True).stdout.strip()
@@ -211,7 +211,7 @@ def test_steps_sh_commit_label(tmp_path):
     counts as none. pending_gpu.sh's help says to write it before a call."""
     scripts = tmp_path / "scripts"
     scripts.mkdir()
-    (scripts / "steps.sh").write_text((ROOT / "scripts" / "steps.sh").read_text())
+    (scripts / "steps.sh").write_text((ROOT / "scripts" / "steps.sh").read_text(), encoding="utf-8")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "stale metadata"], cwd=tmp_path, check=True)
@@ -221,15 +221,15 @@ def test_steps_sh_commit_label(tmp_path):
         out = tmp_path / "commit.txt"
         subprocess.run(["bash", "-c", f'source "{scripts}/steps.sh"; write_commit "{out}"'], cwd=tmp_path, check=True,
                        timeout=30)
-        return out.read_text()
+        return out.read_text(encoding="utf-8")
 
     assert label() == f"{stale} (git on this host)\n" == _expected_commit(tmp_path)
     (tmp_path / ".gpu").mkdir()
-    (tmp_path / ".gpu" / "commit.txt").write_text("")
+    (tmp_path / ".gpu" / "commit.txt").write_text("", encoding="utf-8")
     assert label() == f"{stale} (git on this host)\n"
-    (tmp_path / ".gpu" / "commit.txt").write_text("c8a3a0a fa3-fp8 head_dim 256: variant\n")
+    (tmp_path / ".gpu" / "commit.txt").write_text("c8a3a0a fa3-fp8 head_dim 256: variant\n", encoding="utf-8")
     assert label() == "c8a3a0a fa3-fp8 head_dim 256: variant (from .gpu/commit.txt)\n" == _expected_commit(tmp_path)
-    assert "git log --oneline -1 > .gpu/commit.txt" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
+    assert "git log --oneline -1 > .gpu/commit.txt" in (ROOT / "scripts" / "pending_gpu.sh").read_text(encoding="utf-8")
 
 
 def _killed_session(tmp_path, killer: list[str]) -> tuple[int, int, subprocess.CompletedProcess]:
@@ -245,10 +245,10 @@ session_setup "$1/logs"
 echo "$CLOCKS_PID" > "$1/logger"
 step long 60 bash -c 'echo $$ > "$1/step"; exec sleep 20' _ "$1"
 echo "not reached"
-""")
+""", encoding="utf-8")
     run = subprocess.run([*killer, "bash", str(driver), str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=30)
-    return int((out / "logger").read_text()), int((out / "step").read_text()), run
+    return int((out / "logger").read_text(encoding="utf-8")), int((out / "step").read_text(encoding="utf-8")), run
 
 
 def _gone_soon(pids, seconds: float = 5.0) -> list[int]:
@@ -289,7 +289,7 @@ session_setup "$1/logs"
 step deaf 1 bash -c 'trap "" INT; exec sleep 20'
 echo "next step reached"
 end_session
-""")
+""", encoding="utf-8")
     import time
 
     t0 = time.monotonic()
@@ -307,7 +307,7 @@ def test_pending_runs_named_scripts_and_the_checks(tmp_path):
     causal and not, the two-level recipes' fp16 causal one, the fault test's bounded_units=False); a stub script named
     on the command line runs with OUT under pending/NAME and its output is summarised."""
     script = ROOT / "scripts" / "pending_gpu.sh"
-    text = script.read_text()
+    text = script.read_text(encoding="utf-8")
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
     plan = text.split("#    Plan", 1)[1].split("Pass (step 1)", 1)[0]
@@ -346,14 +346,14 @@ def test_pending_runs_named_scripts_and_the_checks(tmp_path):
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     for f in ("pending_gpu.sh", "steps.sh"):
-        (scripts / f).write_text((ROOT / "scripts" / f).read_text())
-    (scripts / "stub_gpu.sh").write_text('#!/usr/bin/env bash\necho "stub ran with OUT=$OUT"\n')
+        (scripts / f).write_text((ROOT / "scripts" / f).read_text(), encoding="utf-8")
+    (scripts / "stub_gpu.sh").write_text('#!/usr/bin/env bash\necho "stub ran with OUT=$OUT"\n', encoding="utf-8")
     run = subprocess.run(["bash", str(scripts / "pending_gpu.sh"), "stub"], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out")})
     assert run.returncode == 0, run.stderr
     assert "== stub: rc=0" in run.stdout and f"stub ran with OUT={tmp_path / 'out' / 'pending' / 'stub'}" in run.stdout
     # a named script that fails: the queue goes on, then exits 1 naming it (steps.sh steps_exit)
-    (scripts / "bad_gpu.sh").write_text('#!/usr/bin/env bash\nexit 3\n')
+    (scripts / "bad_gpu.sh").write_text('#!/usr/bin/env bash\nexit 3\n', encoding="utf-8")
     run = subprocess.run(["bash", str(scripts / "pending_gpu.sh"), "bad", "stub"], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out2")})
     assert run.returncode == 1 and "== bad: rc=3" in run.stdout and "== stub: rc=0" in run.stdout, run.stdout
@@ -369,8 +369,8 @@ def test_before_archive_packs_and_unpacks_where_only_it_was_carried(tmp_path):
     pkg = tmp_path / ".before" / "fa_variants_before"
     (pkg / "hopper").mkdir(parents=True)
     (pkg / "__pycache__").mkdir()
-    (pkg / "__init__.py").write_text("from fa_variants_before import hopper\n")
-    (pkg / "hopper" / "fa3.py").write_text("TILE_M = 128\n")
+    (pkg / "__init__.py").write_text("from fa_variants_before import hopper\n", encoding="utf-8")
+    (pkg / "hopper" / "fa3.py").write_text("TILE_M = 128\n", encoding="utf-8")
     (pkg / "__pycache__" / "x.pyc").write_bytes(b"\0")
     archive = bp.pack(tmp_path / ".before")
     assert archive == tmp_path / ".before.tar.xz"
@@ -382,7 +382,7 @@ def test_before_archive_packs_and_unpacks_where_only_it_was_carried(tmp_path):
                          capture_output=True, text=True, timeout=30)
     assert run.stdout == "rc=0\n", run.stdout + run.stderr
     got = sorted(p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file())
-    assert got == ["__init__.py", "hopper/fa3.py"] and (pkg / "hopper" / "fa3.py").read_text() == "TILE_M = 128\n"
+    assert got == ["__init__.py", "hopper/fa3.py"] and (pkg / "hopper" / "fa3.py").read_text(encoding="utf-8") == "TILE_M = 128\n"
     subprocess.run(["rm", "-r", str(tmp_path / ".before")], check=True)
     assert bp.before_dir(archive, "ab_bench") == tmp_path / ".before" and (pkg / "__init__.py").is_file()
     archive.unlink()
@@ -410,7 +410,7 @@ def test_short_script_selects_its_tests_and_shapes():
     """scripts/short_gpu.sh (session 17's short-prefill limits): its pytest -k selects the 6 tests its pass line names
     (auto's short calls at D 64 / 128 / 256), its A/B shapes are fa3_speed_ab.py shapes at the short head dims and the
     non-causal limit's next step at both."""
-    text = (ROOT / "scripts" / "short_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "short_gpu.sh").read_text(encoding="utf-8")
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
     assert len(ids) == 6 and all("short_calls_run_persistent" in i for i in ids), ids
@@ -427,7 +427,7 @@ def test_balanced_script_selects_its_tests_and_shapes():
     case), the sanitizers run with FA_VARIANTS_SHORT_BALANCED=1 (sanitize.py's short causal shapes then take the
     balanced grid), its A/B times the balanced variant beside persistent at causal shapes of each head dim it runs at,
     plus a non-causal control."""
-    text = (ROOT / "scripts" / "balanced_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "balanced_gpu.sh").read_text(encoding="utf-8")
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
     assert len(ids) == 13 and sum("persistent_variants[balanced" in i for i in ids) == 12, ids
@@ -443,10 +443,10 @@ def test_fa4_precompile_scripts_turn_its_disk_cache_on():
     """A script that precompiles flash-attn-4 (fa3_speed_ab.py --precompile-fa4, which refuses to run without it)
     exports FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 before that step, so the timed process loads those kernels (session
     17's first call lost its precompile step to this)."""
-    users = [p for p in sorted((ROOT / "scripts").glob("*.sh")) if "--precompile-fa4" in p.read_text()]
+    users = [p for p in sorted((ROOT / "scripts").glob("*.sh")) if "--precompile-fa4" in p.read_text(encoding="utf-8")]
     assert users
     for path in users:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         export = text.find("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1")
         assert 0 <= export < text.index("--precompile-fa4"), path.name
 
@@ -458,7 +458,7 @@ def test_suite_parts_name_every_gpu_test_file_once():
     a part other than 1, 2, 3, 4, slow, cpu1 or cpu2 is refused with a one-line error; skips are listed with their
     reasons (-rs). Parts "cpu1" and "cpu2" run every test not marked gpu (the CPU paths on the GPU host's torch),
     alternate test files each, their skips unchecked."""
-    text = (ROOT / "scripts" / "suite_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "suite_gpu.sh").read_text(encoding="utf-8")
     parts = [set(re.search(rf'{name}="([^"]+)"', text).group(1).split())
              for name in ("PART1", "PART2", "PART3", "PART4")]
     files = {i.split("::")[0] for i in collected_ids("-m", "gpu and not slow")}
@@ -469,7 +469,7 @@ def test_suite_parts_name_every_gpu_test_file_once():
     assert 'MARK="not gpu"' in text and '[ "${1#cpu}" = "$1" ] && grep' in text
     assert {i.split("::")[0] for i in collected_ids("-m", "gpu and slow")} <= every
     assert "-rfEs" in text  # skips listed; any but the two-GPU tests' (their reason, matched here) fails the call
-    assert 'grep -v "needs two GPUs"' in text and 'pytest.skip("needs two GPUs' in (ROOT / "tests" / "test_edge_cases.py").read_text()
+    assert 'grep -v "needs two GPUs"' in text and 'pytest.skip("needs two GPUs' in (ROOT / "tests" / "test_edge_cases.py").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("part, skip", [("cpu1", None), ("2", "tests/test_backward_gpu.py"),
@@ -479,14 +479,14 @@ def test_suite_gpu_sh_skip_takes_any_file_of_the_part(tmp_path, part, skip):
     halves (one per line from ls), was refused as "not in part" (session 48's review). Run with a fake python3 that
     prints the pytest command line; the skipped file is not on it, the part's other files are."""
     bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
-    (bin_dir / "python3").write_text('#!/usr/bin/env bash\n[[ "$*" == *"import xdist"* ]] && exit 1\necho "ARGS: $*"\n')
+    (bin_dir / "python3").write_text('#!/usr/bin/env bash\n[[ "$*" == *"import xdist"* ]] && exit 1\necho "ARGS: $*"\n', encoding="utf-8")
     (bin_dir / "python3").chmod(0o755)
     half = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py"))[0::2]
     skip = skip or half[len(half) // 2]
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), SUITE_SKIP=skip)
     run = subprocess.run(["bash", str(ROOT / "scripts" / "suite_gpu.sh"), part], capture_output=True, text=True,
                          cwd=ROOT, env=env, timeout=120)
-    args = (tmp_path / "out" / f"suite{part}" / "logs" / "pytest.log").read_text()
+    args = (tmp_path / "out" / f"suite{part}" / "logs" / "pytest.log").read_text(encoding="utf-8")
     assert "not in part" not in run.stderr and "ARGS: -m pytest" in args, (run.stderr, args)
     named = {word for word in args.split() if word.startswith("tests/")}
     assert skip not in named and len(named) > 1, args
@@ -501,11 +501,11 @@ def test_xdist_workers_follow_the_gpu_memory(tmp_path, mib, workers, want):
     suite part 1 out of memory on a 78 GiB H100; they passed at 3), no cap where nvidia-smi fails, and
     SUITE_WORKERS as given."""
     (tmp_path / "xdist").mkdir()
-    (tmp_path / "xdist" / "__init__.py").write_text("")
+    (tmp_path / "xdist" / "__init__.py").write_text("", encoding="utf-8")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # mib None: an nvidia-smi that fails (no driver), ahead of any real one on PATH
-    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho {mib}\n" if mib else "#!/bin/sh\nexit 9\n")
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho {mib}\n" if mib else "#!/bin/sh\nexit 9\n", encoding="utf-8")
     (bin_dir / "nvidia-smi").chmod(0o755)
     env = dict(os.environ, PYTHONPATH=str(tmp_path), PATH=f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
     env.pop("SUITE_WORKERS", None)
@@ -524,13 +524,13 @@ def test_suite_gpu_sh_cpu_halves_limit_each_test_where_pytest_timeout_is(tmp_pat
     bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
     missing = ' || "$*" == *"import pytest_timeout"*' if not timeout_plugin else ""
     (bin_dir / "python3").write_text(f'#!/usr/bin/env bash\n[[ "$*" == *"import xdist"*{missing} ]] && exit 1\n'
-                                     'echo "ARGS: $*"\n')
+                                     'echo "ARGS: $*"\n', encoding="utf-8")
     (bin_dir / "python3").chmod(0o755)
     for part, timeout in (("cpu2", "77"), ("1", "77")):
         env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
                    SUITE_TEST_TIMEOUT=timeout)
         subprocess.run(["bash", str(ROOT / "scripts" / "suite_gpu.sh"), part], capture_output=True, text=True,
                        cwd=ROOT, env=env, timeout=120)
-        args = (tmp_path / "out" / f"suite{part}" / "logs" / "pytest.log").read_text()
+        args = (tmp_path / "out" / f"suite{part}" / "logs" / "pytest.log").read_text(encoding="utf-8")
         assert "ARGS: -m pytest" in args, args
         assert ("--timeout=77" in args) == (timeout_plugin and part == "cpu2"), args

@@ -110,7 +110,7 @@ def test_decode_model_fits_the_s4_run_and_predicts_min_tiles_one():
         assert model.heuristic(d, 32, 8, 1, 1024, 2) == 4 and model.heuristic(d, 32, 8, 1, 1024, 1) == 8
         old, new = model.predict_us(d, 32, 8, 1, 1024, 4), model.predict_us(d, 32, 8, 1, 1024, 8)
         assert new["us"] < old["us"] and new["tiles_per_cta"] == 1 and new["ctas"] == 64
-    for shape in {tuple(r["shape"][:5]) for r in json.loads(run.read_text())["results"]}:
+    for shape in {tuple(r["shape"][:5]) for r in json.loads(run.read_text(encoding="utf-8"))["results"]}:
         if shape[4] > 1024 or shape[3] > 1:  # (batch 1 and 8 / 64 in that run)
             assert model.heuristic(*shape, 2) == model.heuristic(*shape, 1), shape
 

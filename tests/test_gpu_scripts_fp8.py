@@ -174,8 +174,8 @@ def test_fa3_fp8_speed_ab_drops_every_variant_that_failed_before(capsys, monkeyp
     assert ab.failed_variants("FAILED t.py::t[fp8d128-d128-new-1x113x113x4x2-full]\n"
                               "FAILED t.py::t[fp8d128-d128-gone-1x113x113x4x2-full]\n1 passed", "fp8d128") == []
     assert ab.failed_variants("11 failed, 19 passed\n", "fp8d128") == []
-    (tmp_path / "tests.log").write_text(_S8_TEST_LOG)
-    (tmp_path / "precompile.log").write_text(_S8_PRECOMPILE_LOG)
+    (tmp_path / "tests.log").write_text(_S8_TEST_LOG, encoding="utf-8")
+    (tmp_path / "precompile.log").write_text(_S8_PRECOMPILE_LOG, encoding="utf-8")
     monkeypatch.setitem(ab.SETS, "fp8d128", ab.SETS["fp8d128"])
     monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8d128", "--head-dims", "128",
                                      "--drop-failed", str(tmp_path / "precompile.log"), str(tmp_path / "tests.log"),
@@ -316,7 +316,7 @@ def test_bounded_script_precompiles_what_its_steps_run():
     and its speed step run (the D 256 default, bounded_units since session 11, and it with bounded_units=False, causal
     and not; bf16 fa3 at 256) and no other head_dim's; its -k selects the 10 D 256 default cases and the fault test,
     not the other head_dims' ("default" contains "fault": the plain word would select all 41)."""
-    text = (ROOT / "scripts" / "bounded_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "bounded_gpu.sh").read_text(encoding="utf-8")
     assert "overflow_check.py precompile --jobs 6 --head-dim 256" in text and "speed --rounds 8" in text
     jobs = load_script("overflow_check").jobs(256)
     want = {("fp8", 256, c, ch) for c in (False, True) for ch in ((), (("bounded_units", False),))}
@@ -334,7 +334,7 @@ def test_fp8status_script_precompiles_what_its_status_runs():
     selects the 12 default-recipe GPU tests it counts."""
     from fa_variants.bench import fp8status
 
-    text = (ROOT / "scripts" / "fp8status_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "fp8status_gpu.sh").read_text(encoding="utf-8")
     assert "--fp8-status only --head-dims 64,128,256" in text and "--fp8-rounds 6" in text
     jobs = load_script("fp8status_precompile").jobs()
     want = {(kind, d, c) for kind in ("fa4", "recipe", "fp8", "bf16") for d in (64, 128, 256) for c in (False, True)}
@@ -372,7 +372,7 @@ def test_fp8persist_scripts_count_their_tests_and_name_the_set():
     jobs = ab.compile_jobs([128], [False, True], tests=True, variant_set="fp8persist")
     assert {("fp8", 128, c, ab._freeze(ch)) for c in (False, True) for ch in variants[128].values()} <= set(jobs)
     for name in ("fp8persist", "fp8persistchk"):
-        text = (ROOT / "scripts" / f"{name}_gpu.sh").read_text()
+        text = (ROOT / "scripts" / f"{name}_gpu.sh").read_text(encoding="utf-8")
         assert "--set fp8persist" in text
         _assert_step_count(text, name=name)
 
@@ -385,7 +385,7 @@ def test_fp8guard_script_counts_its_tests_and_names_the_set():
     assert {64, 128} <= set(variants)
     assert all(variants[d]["guard"] == dict(huge_guard=True, huge_hoisted=False) for d in (64, 128))
     assert all(variants[d]["checked"] == dict(huge_guard=False, huge_hoisted=False) for d in (64, 128))
-    text = (ROOT / "scripts" / "fp8guard_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "fp8guard_gpu.sh").read_text(encoding="utf-8")
     assert "--set fp8guard" in text
     _assert_step_count(text)
 
@@ -399,7 +399,7 @@ def test_fp8hoist_script_counts_its_tests_and_names_the_set():
     assert sorted(variants) == [64, 128, 256]
     hoist = {"new": {}, "hoist": dict(huge_hoisted=True, huge_guard=False)}
     assert variants[64] == variants[256] == hoist and variants[128] == {**hoist, "unhoisted": dict(huge_hoisted=False)}
-    text = (ROOT / "scripts" / "fp8hoist_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "fp8hoist_gpu.sh").read_text(encoding="utf-8")
     assert "--set fp8hoist" in text and text.count("--head-dims 64 128 256") == 2
     _assert_step_count(text)
 
@@ -407,6 +407,6 @@ def test_fp8hoist_script_counts_its_tests_and_names_the_set():
 def test_fp8hoistchk_script_counts_its_tests():
     """scripts/fp8hoistchk_gpu.sh (session 29): its "N passed" is the count of the GPU tests its files and -k select,
     and it precompiles the fp8hoist set at every head_dim."""
-    text = (ROOT / "scripts" / "fp8hoistchk_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "fp8hoistchk_gpu.sh").read_text(encoding="utf-8")
     assert "--set fp8hoist --head-dims 64 128 256" in text and "--set quantdef" in text
     _assert_step_count(text, marker="gpu and not slow")

@@ -111,7 +111,7 @@ def test_quantlanes_set():
     assert all(t[3].partition("+")[2] in pre.QUANTLANES_KNOBS for t in tasks)
     assert pre.QUANTLANES_KNOBS["wide"] == {**pre.QUANTLANES_KNOBS["defaultql"], "V3_WIDE": True}
     assert all(hasattr(quant_host, n) for n in pre.QUANTLANES_KNOBS["wide"])
-    assert '"quantlanes": [("wide"' in (ROOT / "scripts" / "quant_sanitize.py").read_text()
+    assert '"quantlanes": [("wide"' in (ROOT / "scripts" / "quant_sanitize.py").read_text(encoding="utf-8")
 
 
 def test_quantdef_set_and_check_selection():
@@ -288,7 +288,7 @@ def test_quant_ncu_help_and_names(tmp_path):
     ok = subprocess.run([sys.executable, script, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
                         timeout=60)
     assert ok.returncode == 0 and "--pipelines" in ok.stdout and "Nsight Compute" in ok.stdout
-    default = re.search(r'"--pipelines", default="([^"]+)"', (ROOT / "scripts" / "quant_ncu.py").read_text())
+    default = re.search(r'"--pipelines", default="([^"]+)"', (ROOT / "scripts" / "quant_ncu.py").read_text(encoding="utf-8"))
     assert default and all(p in load_script("fp8_quant_bandwidth").PIPES for p in default.group(1).split(","))
     for bad, word in ((["--pipelines", "v3,nope"], "'nope'"), (["--pipelines", "v3", "--recipes", "odd"], "'odd'")):
         run = subprocess.run([sys.executable, script, *bad], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -311,7 +311,7 @@ def test_quantsamp_set_and_pipes():
         assert {(c.k_sample, c.fused_mean, c.late_count) for c in v} >= {(False, False, False), (True, False, False),
                                                                         (True, True, False), (True, True, True)}, v
     for script in ("quantsamp", "quantq128", "quantqncu"):
-        text = (ROOT / "scripts" / f"{script}_gpu.sh").read_text()
+        text = (ROOT / "scripts" / f"{script}_gpu.sh").read_text(encoding="utf-8")
         pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
         recipes = re.search(r"--recipes (\S+)", text).group(1).split(",")
         assert set(pipes) <= set(bw.PIPES) and set(recipes) <= set(bw.recipes()), script
@@ -335,7 +335,7 @@ def test_quantchains_set_and_pipes():
     assert {(d, c) for d, _, c in shift} == {(d, c) for d in (64, 128, 256) for c in (1, 2, 8)}, shift
     assert (128, True, 8) in shift and {(256, False, 2), (256, False, 8)} <= shift
     assert all(k.config.shift_chains == 1 for k in keys if not k.config.shift)
-    text = (ROOT / "scripts" / "quantchains_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "quantchains_gpu.sh").read_text(encoding="utf-8")
     pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
     assert set(pipes) <= set(bw.PIPES)
     count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
@@ -354,7 +354,7 @@ def test_quantgap_pipes():
     assert bw.PIPES["defoff"] == ("v3", {**bw.PIPES["def"][1], "NONFINITE": False})
     assert bw.PIPES["defn"] == ("v3", {**bw.PIPES["def"][1], "V2_PDL": False})
     assert bw.PIPES["defoffn"] == ("v3", {**bw.PIPES["defoff"][1], "V2_PDL": False})
-    text = (ROOT / "scripts" / "quantgap_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "quantgap_gpu.sh").read_text(encoding="utf-8")
     pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
     recipes = re.search(r"--recipes (\S+)", text).group(1).split(",")
     assert set(pipes) == {"def", "defoff", "defn", "defoffn"} and set(recipes) <= set(bw.recipes())

@@ -232,7 +232,7 @@ def test_padded_ab_loop_with_a_fake_timer(tmp_path, capsys, monkeypatch):
     assert ab.main(["--out", str(tmp_path), "--rounds", "2", "--cycles", "2", "--warmup-ms", "0"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("B 16 N 1024: checks ok; ") and len(lines) == len(ab.SHAPES)
-    rows = json.loads((tmp_path / "rightpad.json").read_text())
+    rows = json.loads((tmp_path / "rightpad.json").read_text(encoding="utf-8"))
     assert rows[0]["lengths"] == [3] and rows[0]["ms"]["slices"] == pytest.approx(3.0)
     assert rows[0]["ratios"]["one-call/slices"]["median"] == pytest.approx(3.0)
     made["ok"] = False

@@ -38,7 +38,7 @@ def test_sanitize_per_head_dim_and_precompile(tmp_path, monkeypatch, capsys):
     one unsanitized worker per (head_dim, causal)."""
     mod = _sanitize()
     fake = tmp_path / "fake"
-    fake.write_text("#!/usr/bin/env bash\necho \"ARGS $*\"; echo 'CALLS 1 FAILED 0'; echo 'ERROR SUMMARY: 0 errors'\n")
+    fake.write_text("#!/usr/bin/env bash\necho \"ARGS $*\"; echo 'CALLS 1 FAILED 0'; echo 'ERROR SUMMARY: 0 errors'\n", encoding="utf-8")
     fake.chmod(0o755)
     monkeypatch.setattr(mod, "_runnable_backends", lambda names: (list(names), []))
     monkeypatch.setattr(mod.sys, "executable", str(fake))
@@ -48,12 +48,12 @@ def test_sanitize_per_head_dim_and_precompile(tmp_path, monkeypatch, capsys):
     assert rc == 0 and "precompile: 4 processes, 0 failed" in printed
     for d in (64, 256):
         assert f"memcheck  fa3-fp8-d{d} clean (1 calls" in printed
-        log = (tmp_path / "out" / f"memcheck-fa3-fp8-d{d}.log").read_text()
+        log = (tmp_path / "out" / f"memcheck-fa3-fp8-d{d}.log").read_text(encoding="utf-8")
         assert "--tool memcheck" in log and log.rstrip().count("--head-dims") == 1 and f"--head-dims {d}" in log
         for causal in (0, 1):
-            pre = (tmp_path / "out" / f"precompile-fa3-fp8-d{d}-c{causal}.log").read_text()
+            pre = (tmp_path / "out" / f"precompile-fa3-fp8-d{d}-c{causal}.log").read_text(encoding="utf-8")
             assert f"--backend fa3-fp8 --head-dims {d} --causal-only {causal}" in pre and "--tool" not in pre
-    assert "--per-head-dim" in (ROOT / "scripts" / "oob_gpu.sh").read_text()
+    assert "--per-head-dim" in (ROOT / "scripts" / "oob_gpu.sh").read_text(encoding="utf-8")
 
 
 def test_sanitize_reads_racecheck_summaries():
@@ -80,7 +80,7 @@ def test_ncu_stalls_summary(tmp_path, capsys, monkeypatch):
     assert len(lines) == 1 and "45.7 usecond" in lines[0] and "7.08 cycles/issue" in lines[0], lines
     assert lines[0].endswith("mio_throttle 2500.00, barrier 1.50"), lines
     raw = tmp_path / "raw.csv"
-    raw.write_text(text)
+    raw.write_text(text, encoding="utf-8")
     monkeypatch.setattr(sys, "argv", ["ncu_stalls.py", str(raw), "--top", "1"])
     assert mod.main() == 0 and capsys.readouterr().out.rstrip().endswith("stalls per issue: mio_throttle 2500.00")
     monkeypatch.setattr(sys, "argv", ["ncu_stalls.py", str(tmp_path / "missing.csv")])
@@ -99,7 +99,7 @@ def test_ncu_attribution_names_fp8turn_variants():
     assert variants["single_overlap_noskip"]["two_level"] is False
     att = load_script("ncu_attribution")
     assert att.fp8_variants("fp8turn", 256) == variants
-    assert '"--fp8-set", default="fp8turn"' in (ROOT / "scripts" / "ncu_attribution.py").read_text()
+    assert '"--fp8-set", default="fp8turn"' in (ROOT / "scripts" / "ncu_attribution.py").read_text(encoding="utf-8")
     spec = "fa3-fp8:new,fa3-fp8:single_overlap_noskip"
     assert att.impl_list(spec, variants) == ["fa3-fp8:new", "fa3-fp8:single_overlap_noskip"]
     for bad in ("fa3-fp8:nope", "fa3-fp8:new,fa3-fp8:new", "fa3-fp8:new"):

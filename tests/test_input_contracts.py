@@ -335,7 +335,7 @@ def test_a_malformed_model_folder_manifest_is_one_line(tmp_path, manifest):
     'bytes', a TypeError for a list; a piece name with a folder part was joined to the folder."""
     from fa_variants.integrations import model_dir
 
-    (tmp_path / model_dir.MANIFEST).write_text(manifest)
+    (tmp_path / model_dir.MANIFEST).write_text(manifest, encoding="utf-8")
     with pytest.raises(ValueError, match=rf"^model_dir {tmp_path}: chunks.json is not"):
         model_dir.read_weights(tmp_path)
 
@@ -349,7 +349,7 @@ def test_fp8_study_merge_names_a_file_that_is_not_a_study(tmp_path, capsys, text
     from fa_variants import cli
 
     bad = tmp_path / "other.json"
-    bad.write_text(text)
+    bad.write_text(text, encoding="utf-8")
     assert cli.main(["fp8-study", "--merge", str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"fa-variants fp8-study: error: --merge {bad}: "), err

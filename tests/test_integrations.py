@@ -666,13 +666,13 @@ def test_real_input_script_on_the_cpu(tiny_fixture, tmp_path):
     end-to-end rows, all within their bounds, written as markdown and JSON."""
     script = _script()
     assert script.main(["--fixture", str(tiny_fixture), "--out", str(tmp_path), "--dtypes", "fp16,bf16"]) == 0
-    report = json.loads((tmp_path / "real_input.json").read_text())
+    report = json.loads((tmp_path / "real_input.json").read_text(encoding="utf-8"))
     backends = {r["backend"] for r in report["per_layer"]}
     assert {"torch fp16", "reference"} <= backends
     assert len([r for r in report["per_layer"] if r["backend"] == "reference"]) == 2 * 2  # layers x dtypes
     ours = [r for r in report["end_to_end"] if r["attention"] == "fa_variants (reference)"]
     assert len(ours) == 2 and all(r["ok"] for r in ours)
-    assert "| layer |" in (tmp_path / "real_input.md").read_text()
+    assert "| layer |" in (tmp_path / "real_input.md").read_text(encoding="utf-8")
 
 
 @needs_hf
@@ -687,7 +687,7 @@ def test_compact_fixture_without_layers_or_eager_out(model, ids, tmp_path):
         fx.build_layers(g, dtype=torch.float32, device="cpu")
     script = _script()
     assert script.main(["--fixture", str(path), "--out", str(tmp_path), "--dtypes", "fp16"]) == 0
-    report = json.loads((tmp_path / "real_input.json").read_text())
+    report = json.loads((tmp_path / "real_input.json").read_text(encoding="utf-8"))
     assert report["end_to_end"] == [] and any("end to end skipped" in n for n in report["notes"])
 
 
@@ -702,7 +702,7 @@ def test_real_input_script_reports_a_backend_that_raises(tiny_fixture, tmp_path,
     monkeypatch.setattr(script.fa_variants, "attention", broken)
     assert script.main(["--fixture", str(tiny_fixture), "--out", str(tmp_path), "--dtypes", "fp16",
                         "--no-e2e"]) == 1
-    report = json.loads((tmp_path / "real_input.json").read_text())
+    report = json.loads((tmp_path / "real_input.json").read_text(encoding="utf-8"))
     assert report["errors"] == [{"what": "reference fp16 per layer", "error": "RuntimeError: kernel exploded"}]
 
 
@@ -720,7 +720,7 @@ def test_real_input_script_skips_fa3_fp8_at_a_head_dim_it_does_not_serve(tiny_fi
     monkeypatch.setattr(script, "_fp8_pieces", lambda: (FP8Config, reference, bound, kernel))
     monkeypatch.setattr(script.dispatch, "device_capability", lambda device: (9, 0))
     assert script.main(["--fixture", str(tiny_fixture), "--out", str(tmp_path), "--dtypes", "fp16", "--no-e2e"]) == 0
-    report = json.loads((tmp_path / "real_input.json").read_text())
+    report = json.loads((tmp_path / "real_input.json").read_text(encoding="utf-8"))
     assert report["errors"] == []
     assert any("fa3-fp8 skipped: fa3-fp8 does not support head_dim 16" in note for note in report["notes"]), \
         report["notes"]

@@ -118,7 +118,7 @@ def _table(text: str, first: str) -> dict[str, list[str]]:
 
 def _run(nc, tmp_path, capsys, source=SOURCE, details=DETAILS, extra=()):
     for name, text in (("d.txt", details), ("r.csv", RAW), ("s.csv", source)):
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_text(text, encoding="utf-8")
     rc = nc.main(["--details", str(tmp_path / "d.txt"), "--raw", str(tmp_path / "r.csv"), "--source",
                   str(tmp_path / "s.csv"), *extra])
     return rc, capsys.readouterr().out
@@ -203,7 +203,7 @@ def test_per_kernel_files_and_missing_samples(nc, tmp_path, capsys):
     ours = _csv([SOURCE_HEAD, *_rows(0x1000, 2000)])
     fa4 = _csv([SOURCE_HEAD, *_rows(0x9000, 1400)])
     for name, text in (("d.txt", DETAILS), ("r.csv", RAW), ("x_fa_variants.csv", ours), ("x_flash_attn.csv", fa4)):
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_text(text, encoding="utf-8")
     args = ["--details", str(tmp_path / "d.txt"), "--raw", str(tmp_path / "r.csv"), "--sections", "classes"]
     assert nc.main([*args, "--source", str(tmp_path / "x_fa_variants.csv"), str(tmp_path / "x_flash_attn.csv")]) == 0
     out = capsys.readouterr().out
@@ -211,12 +211,12 @@ def test_per_kernel_files_and_missing_samples(nc, tmp_path, capsys):
     assert nc.main([*args, "--source", str(tmp_path / "x_fa_variants.csv")]) == 1
     out = capsys.readouterr().out
     assert "no stall samples of fa4" in out and "incomplete: source samples: fa4" in out
-    (tmp_path / "empty.csv").write_text("==ERROR== the source page is not available\n")
+    (tmp_path / "empty.csv").write_text("==ERROR== the source page is not available\n", encoding="utf-8")
     assert nc.main([*args[:4], "--source", str(tmp_path / "empty.csv")]) == 1
 
 
 def test_bad_arguments(nc, tmp_path, capsys):
-    (tmp_path / "d.txt").write_text(DETAILS)
+    (tmp_path / "d.txt").write_text(DETAILS, encoding="utf-8")
     for bad, message in ((["--source", str(tmp_path / "no.csv")], "--source: no such file"),
                          (["--sections", "summary,bogus"], "--sections: expected"), (["--top", "0"], "--top:")):
         with pytest.raises(SystemExit):
@@ -236,7 +236,7 @@ def test_ncu_table_source_top_reads_the_kernel_name_row():
 
 
 def _fake(folder: Path, name: str, body: str) -> None:
-    (folder / name).write_text("#!/usr/bin/env bash\n" + body + "\n")
+    (folder / name).write_text("#!/usr/bin/env bash\n" + body + "\n", encoding="utf-8")
     (folder / name).chmod(0o755)
 
 
@@ -255,7 +255,7 @@ def _run_with_fakes(tmp_path: Path, script: str, ncu_case: str, precompiled: str
     env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
     run = subprocess.run(["bash", f"scripts/{script}"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
-    return run, calls.read_text().splitlines()
+    return run, calls.read_text(encoding="utf-8").splitlines()
 
 
 @pytest.mark.parametrize("diff, print_source", [("3.9e-03", True), ("nan", True), ("3.9e-03", False)])
@@ -266,7 +266,7 @@ def test_d64ncu_script_with_a_fake_ncu(tmp_path, diff, print_source):
     two kernels' outputs differ (a NaN). An ncu whose --print-source pages have no Address header: the source pages
     exported per kernel without it, and read."""
     for name, text in (("d.txt", DETAILS), ("r.csv", RAW), ("s.csv", SOURCE)):
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_text(text, encoding="utf-8")
     run, log = _run_with_fakes(tmp_path, "d64ncu_gpu.sh", f"""case " $* " in
   *" --version "*) echo "Version 2099.1";;
   *" --query-metrics "*) printf 'Metric Name   Metric Description\\nsm__inst_executed_pipe_xu   xu\\n'
@@ -297,7 +297,7 @@ esac""",
     assert sum("--kernel-name regex:flash_attn --page source" in ln for ln in sources) == 2
     plain = [ln for ln in log if "--page source --csv" in ln and "--print-source" not in ln]
     assert len(plain) == (0 if print_source else 4)  # per report and kernel, when no Address header came
-    tables = (tmp_path / "out" / "d64ncu_compare.md").read_text()
+    tables = (tmp_path / "out" / "d64ncu_compare.md").read_text(encoding="utf-8")
     assert tables.count("### D 64, N ") == 2 and "### D 64, N 4096, bf16, non-causal" in tables
     assert "| BAR (named barriers: ping-pong turn, epilogue) | 2,000 | 35.1 | 1,400 | 27.5 | +11.76 |" in run.stdout
     assert "max |O difference|" in run.stdout and "Version 2099.1" in run.stdout
@@ -343,7 +343,7 @@ def test_two_reports_turn_and_labels(nc, tmp_path, capsys):
              "new_source_fa_variants.csv": _turn_source(TURN_NEW),
              "noskip_source_fa_variants.csv": _turn_source(TURN_NOSKIP)}
     for name, text in files.items():
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_text(text, encoding="utf-8")
     rc = nc.main(["--details", str(tmp_path / "new.txt"), "--source", str(tmp_path / "new_source_fa_variants.csv"),
                   "--ref-details", str(tmp_path / "noskip.txt"), "--ref-source",
                   str(tmp_path / "noskip_source_fa_variants.csv"), "--labels", "new,noskip"])
@@ -372,7 +372,7 @@ def test_turn_missing_and_reference_flags(nc, tmp_path, capsys):
     --ref-details and a bad --labels are argparse errors naming the flag."""
     out = _run(nc, tmp_path, capsys, extra=["--sections", "turn"])[1]
     assert "(turn: no hot BAR.SYNC .. BAR.ARV in fa3 (ours))" in out
-    (tmp_path / "d.txt").write_text(DETAILS)
+    (tmp_path / "d.txt").write_text(DETAILS, encoding="utf-8")
     for bad, message in ((["--ref-source", str(tmp_path / "d.txt")], "--ref-raw / --ref-source: need --ref-details"),
                          (["--labels", "a"], "--labels: expected two")):
         with pytest.raises(SystemExit):

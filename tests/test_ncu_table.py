@@ -118,8 +118,8 @@ def _rows(lines):
 
 def test_before_pages_give_the_before_table(nt):
     """The session-2 details pages (real ncu output) give the figures of its hand-made table."""
-    kernels = nt.parse_details((BEFORE / "ncu_fa3_d128_n4k.txt").read_text() +
-                               (BEFORE / "ncu_flash-attn-4_d128_n4k.txt").read_text())
+    kernels = nt.parse_details((BEFORE / "ncu_fa3_d128_n4k.txt").read_text(encoding="utf-8") +
+                               (BEFORE / "ncu_flash-attn-4_d128_n4k.txt").read_text(encoding="utf-8"))
     pair = nt.pick(kernels)
     assert pair["ours"].grid == (2048, 1, 1) and pair["fa4"].grid == (32, 16, 4) and pair["fa4"].block == (384, 1, 1)
     rows = _rows(nt.table(pair))
@@ -135,7 +135,7 @@ def test_before_pages_give_the_before_table(nt):
 
 
 def test_parse_before_markdown(nt):
-    before = nt.parse_before((BEFORE / "ncu_attribution_before.md").read_text())
+    before = nt.parse_before((BEFORE / "ncu_attribution_before.md").read_text(encoding="utf-8"))
     assert before["duration"] == (1.05, 0.971) and before["stall samples: barrier"] == (12324.0, 8421.0)
     assert before["instructions executed"] == (291697804.0, 245148100.0) and before["l2 hit rate"] == (89.3, 76.3)
     assert nt.parse_before("| duration (x) | 998 us | 0.5 ms | 2 |")["duration"] == (0.998, 0.5)
@@ -149,7 +149,7 @@ def test_details_and_raw_merged(nt):
     assert len(kernels) == 4
     pair = nt.pick(kernels)
     assert pair["fa4"].grid == (32, 16, 4)
-    before = nt.parse_before((BEFORE / "ncu_attribution_before.md").read_text())
+    before = nt.parse_before((BEFORE / "ncu_attribution_before.md").read_text(encoding="utf-8"))
     lines = nt.table(pair, before)
     rows = _rows(lines)
     assert lines[0].startswith("| metric | fa3 (ours) | flash-attn-4 | ours / fa4 | ours before")
@@ -176,18 +176,18 @@ def test_tensor_pipe_from_the_note_without_the_raw_page(nt):
 
 
 def test_cli_writes_the_table(nt, tmp_path, capsys):
-    (tmp_path / "d.txt").write_text(DETAILS)
-    (tmp_path / "r.csv").write_text(RAW)
+    (tmp_path / "d.txt").write_text(DETAILS, encoding="utf-8")
+    (tmp_path / "r.csv").write_text(RAW, encoding="utf-8")
     out = tmp_path / "after.md"
     rc = nt.main(["--details", str(tmp_path / "d.txt"), "--raw", str(tmp_path / "r.csv"), "--title", "T",
                   "--before", str(BEFORE / "ncu_attribution_before.md"), "--before-details",
                   str(BEFORE / "ncu_fa3_d128_n4k.txt"), str(BEFORE / "ncu_flash-attn-4_d128_n4k.txt"),
                   "--out", str(out)])
-    text = out.read_text()
+    text = out.read_text(encoding="utf-8")
     assert rc == 0 and text.startswith("### T\n") and text.strip() in capsys.readouterr().out
     # a row the before table lacks, filled from the before details pages
     assert _rows(text.splitlines())["warp cycles per issued instruction"][3:5] == ["5.46", "5.94"]
-    (tmp_path / "ours_only.txt").write_text(DETAILS.split("  kernel_cutlass_kernel_flash_attn")[0])
+    (tmp_path / "ours_only.txt").write_text(DETAILS.split("  kernel_cutlass_kernel_flash_attn")[0], encoding="utf-8")
     assert nt.main(["--details", str(tmp_path / "ours_only.txt")]) == 1  # flash-attn-4 missing: exit 1
     with pytest.raises(SystemExit):
         nt.main(["--details", str(tmp_path / "missing.txt")])
@@ -205,7 +205,7 @@ def test_ncu_attribution_impl_list():
 def test_ncu12_script_profiles_what_it_precompiles():
     """scripts/ncu12_gpu.sh: the precompile covers the profiled shape (D 128, N 4k, both causal modes) and both
     implementations are profiled in one report, beside the before run's table."""
-    text = (ROOT / "scripts" / "ncu12_gpu.sh").read_text()
+    text = (ROOT / "scripts" / "ncu12_gpu.sh").read_text(encoding="utf-8")
     assert "--precompile-fa4 --variants new --head-dims 128" in text and "--seqlens 4096 --causal both" in text
     assert "--impl fa3,flash-attn-4" in text and "ncu_attribution_before.md" in text
     assert all((BEFORE / f).is_file() for f in ("ncu_attribution_before.md", "ncu_fa3_d128_n4k.txt",
@@ -213,7 +213,7 @@ def test_ncu12_script_profiles_what_it_precompiles():
 
 
 def _fake(folder: Path, name: str, body: str) -> None:
-    (folder / name).write_text("#!/usr/bin/env bash\n" + body + "\n")
+    (folder / name).write_text("#!/usr/bin/env bash\n" + body + "\n", encoding="utf-8")
     (folder / name).chmod(0o755)
 
 
@@ -227,11 +227,11 @@ def test_ncu12_script_end_to_end_with_a_fake_ncu(tmp_path):
 
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    (tmp_path / "d.txt").write_text(DETAILS)
-    (tmp_path / "r.csv").write_text(RAW)
+    (tmp_path / "d.txt").write_text(DETAILS, encoding="utf-8")
+    (tmp_path / "r.csv").write_text(RAW, encoding="utf-8")
     (tmp_path / "s.csv").write_text('"Address","Source","Warp Stall Sampling (All Samples)"\n'
                                     '"0x10","BAR.SYNC.DEFER_BLOCKING R11, 0x100","1,200"\n'
-                                    '"0x20","MUFU.EX2 R4, R4","300"\n')
+                                    '"0x20","MUFU.EX2 R4, R4","300"\n', encoding="utf-8")
     calls = tmp_path / "ncu_calls.txt"
     _fake(bin_, "nvidia-smi", 'if [[ " $* " == *" -lms "* ]]; then sleep 30; fi; echo "0, FAKE H200"')
     _fake(bin_, "ncu", f"""echo "$*" >> {calls}
@@ -251,13 +251,13 @@ esac""")
     run = subprocess.run(["bash", "scripts/ncu12_gpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
-    profiled = [ln for ln in calls.read_text().splitlines() if "ncu_attribution.py" in ln]
+    profiled = [ln for ln in calls.read_text(encoding="utf-8").splitlines() if "ncu_attribution.py" in ln]
     assert len(profiled) == 2 and all("--impl fa3,flash-attn-4" in ln for ln in profiled)
     assert "--metrics sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active," \
            "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active " in profiled[0]
     assert "--causal no" in profiled[0] and "--causal yes" in profiled[1] and "--section SourceCounters" in profiled[0]
-    assert sum("--page source" in ln and "regex:flash_attn" in ln for ln in calls.read_text().splitlines()) == 2
-    after = (tmp_path / "out" / "ncu_attribution_after.md").read_text()
+    assert sum("--page source" in ln and "regex:flash_attn" in ln for ln in calls.read_text(encoding="utf-8").splitlines()) == 2
+    after = (tmp_path / "out" / "ncu_attribution_after.md").read_text(encoding="utf-8")
     assert after.count("| metric | fa3 (ours)") == 2 and after.count("ours before") == 1
     assert "### D 128, N 4k, bf16, causal" in after and "BAR.SYNC.DEFER_BLOCKING" in after
     assert "== ncu_full table" in run.stdout and "| instructions executed | 260,000,000" in run.stdout

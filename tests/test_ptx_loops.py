@@ -76,7 +76,7 @@ def test_defs_and_uses(line, defs, uses):
 
 def test_cli_table(tmp_path, capsys):
     path = tmp_path / "k.ptx"
-    path.write_text(PTX)
+    path.write_text(PTX, encoding="utf-8")
     assert pl.main([str(path), "--live"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("live at head |") and out[2] == "| $L__BB0_1 | 14-27 | 7 | 1 | 1 | 12 |"

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _usage_block():
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
     usage = text[text.index("## Usage"):]
     return re.search(r"```python\n(.*?)```", usage, re.S).group(1)
 

@@ -58,8 +58,8 @@ def test_skip_cold_leaves_out_the_jumped_over_block():
 
 
 def test_cli_table(tmp_path, capsys):
-    (tmp_path / "a.sass").write_text(A)
-    (tmp_path / "b.sass").write_text(B)
+    (tmp_path / "a.sass").write_text(A, encoding="utf-8")
+    (tmp_path / "b.sass").write_text(B, encoding="utf-8")
     rc = sd.main([str(tmp_path / "a.sass"), str(tmp_path / "b.sass"), "--min-size", "3", "--labels", "ours", "fa4",
                   "--skip-cold-a", "L_x_2"])
     out = capsys.readouterr().out
@@ -108,8 +108,8 @@ def test_stall_cycles_from_encodings(tmp_path, capsys):
     assert sd.stall_cycles(body, words) == (1 + 2 + 2 + 9 + 5, 2 + 9 + 5)
     assert sd.control_words(B) == {}
     a, b = tmp_path / "a.sass", tmp_path / "b.sass"
-    a.write_text(text)
-    b.write_text(B)
+    a.write_text(text, encoding="utf-8")
+    b.write_text(B, encoding="utf-8")
     assert sd.main([str(a), str(a), "--min-size", "2", "--stalls"]) == 0
     assert "stall cycles (static): A 19 (after the last MUFU.EX2 16), B 19 (after the last MUFU.EX2 16)" in \
         capsys.readouterr().out
