@@ -40,10 +40,28 @@ def _has_dsl() -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
 
+def _cpp_compiler_missing() -> str | None:
+    """Why torch.compile's default backend (inductor) cannot build CPU code here, or None: it compiles C++ with the
+    compiler torch finds (g++ unless torch._inductor.config.cpp.cxx / CXX say otherwise); a slim image has none."""
+    try:
+        from torch._inductor import cpp_builder
+        cpp_builder.get_cpp_compiler()
+    except (ImportError, AttributeError):  # another torch's layout: let the tests say
+        return None
+    except Exception as exc:  # InvalidCxxCompiler
+        return str(exc).splitlines()[0]
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on the GPU host (scripts/gpu_check.sh)")
     no_dsl = pytest.mark.skip(reason="needs the CuTe DSL (pip install nvidia-cutlass-dsl)")
+    no_cpp = None
+    if any("inductor" in item.keywords for item in items) and (why := _cpp_compiler_missing()):
+        no_cpp = pytest.mark.skip(reason=f"torch.compile's inductor needs a C++ compiler on the CPU: {why}")
     for item in items:
+        if no_cpp is not None and "inductor" in item.keywords:
+            item.add_marker(no_cpp)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_gpu)
         if ("compile" in item.keywords or "gpu" in item.keywords) and not _has_dsl():

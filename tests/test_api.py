@@ -653,6 +653,7 @@ def test_sdpa_is_causal_with_no_rows_or_no_keys_runs_as_torchs(nq, nk):
     assert out.shape == want.shape and torch.equal(out, torch.zeros_like(want)) and torch.equal(want, out)
 
 
+@pytest.mark.inductor  # (tests/conftest.py: skipped without a C++ compiler)
 def test_autocast_casts_the_inputs_as_for_sdpa():
     """Under torch.autocast (CPU, bf16): q, k, v of mixed float32 / bf16 dtypes are cast to bf16 as autocast casts
     SDPA's (they were refused as a dtype mismatch before session 28), float64 stays, and the call runs with

@@ -365,6 +365,7 @@ def test_hf_register_without_transformers_names_the_install(monkeypatch):
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.inductor  # (tests/conftest.py: skipped without a C++ compiler)
 def test_hf_fallback_keeps_bottom_right_causal_and_compiles():
     """The sdpa fallback of a causal call without a mask whose queries are the last of more keys (a chunk after a
     KV cache: our mask function returns None there) ran sdpa's top-left is_causal (session 30's review: max |diff|
@@ -644,6 +645,7 @@ def test_custom_op_under_torch_compile_fullgraph(dtype):
     torch.testing.assert_close(compiled(qt, k, v).double(), expected, rtol=tol, atol=tol)
 
 
+@pytest.mark.inductor  # (tests/conftest.py: skipped without a C++ compiler)
 @pytest.mark.slow
 def test_custom_op_under_inductor():
     """The same with the default inductor backend (a C++ build on the CPU: about a minute cold)."""

@@ -449,6 +449,7 @@ def test_sdpa_attn_mask_under_torch_compile_fullgraph(seqlen_q):
         torch._dynamo.reset()
 
 
+@pytest.mark.inductor  # (tests/conftest.py: skipped without a C++ compiler)
 @pytest.mark.parametrize("needs_grad", ["q", "k"])
 def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad, monkeypatch):
     """With an input that requires grad (any of the three), under torch.compile(fullgraph=True): sdpa_masked's
@@ -489,6 +490,7 @@ def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad, monkeypatch):
         torch._dynamo.reset()
 
 
+@pytest.mark.inductor  # (tests/conftest.py: skipped without a C++ compiler)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_sdpa_left_padded_mask_under_torch_compile_with_grad(causal):
     """A left-padded batch's attn_mask (prefill rows, an input that requires grad) under torch.compile(fullgraph=True):
