@@ -357,15 +357,14 @@ def test_ec23a_outliers():
     the +40 channel bias of K costs every ordinary row 2.2-2.8x (mean 2.58, sd 0.10; no rotation removes a
     bias): asserted > 1.8x, draw by draw."""
     q, k, v, hot = ec23a_inputs(512)
-    ordinary = ~hot
     ref, _ = attention_reference(q, k, v)
     out, lse = fp8_attention_reference(q, k, v, accumulator="truncate")
     assert torch.isfinite(out).all()
-    assert cos(out[:, ordinary], ref[:, ordinary]) >= 0.997 and rel_l2(out[:, ordinary], ref[:, ordinary]) <= 0.08
     assert_fp8_lse_ok(lse, q, k, v, causal=False)
-    unsmoothed, lse_u = fp8_attention_reference(q, k, v, config=FP8Config(smooth_k=False), accumulator="truncate")
-    assert rel_l2(unsmoothed[:, ordinary], ref[:, ordinary]) > 1.8 * rel_l2(out[:, ordinary], ref[:, ordinary])
-    assert cos(unsmoothed[:, ordinary], ref[:, ordinary]) < cos(out[:, ordinary], ref[:, ordinary])
+    unsmoothed, _ = fp8_attention_reference(q, k, v, config=FP8Config(smooth_k=False), accumulator="truncate")
+    ref, out, unsmoothed = (t[:, ~hot] for t in (ref, out, unsmoothed))  # the ordinary queries' rows
+    assert cos(out, ref) >= 0.997 and rel_l2(out, ref) <= 0.08
+    assert rel_l2(unsmoothed, ref) > 1.8 * rel_l2(out, ref) and cos(unsmoothed, ref) < cos(out, ref)
 
 
 def test_fp8_error_bound():
