@@ -12,7 +12,20 @@ import tempfile
 import pytest
 import torch
 
-import helpers
+# The package's switches (README.md, "Environment switches") as the caller's shell set them are dropped: the suite
+# tests the defaults, and each test that needs a switch sets it itself (monkeypatch, subprocess_env). An exported
+# FA_VARIANTS_BACKEND=reference made a test of "auto"'s refusal pass through the reference instead. Kept: the test
+# suite's own variables (fa_variants.common.switches.OUTSIDE, named here without importing the package, whose
+# import checks the switches: hence before `import helpers`) and FA_VARIANTS_FIXTURE (where the model fixture
+# lives). The dropped names print in the header.
+_KEPT_SWITCHES = {"FA_VARIANTS_SESSION_SEED", "FA_VARIANTS_TEST_SEED", "FA_VARIANTS_FP8_STATS",
+                  "FA_VARIANTS_TESTS_WITHOUT_SASS", "FA_VARIANTS_FIXTURE", "FA_VARIANTS_CACHE_DIR"}
+DROPPED_SWITCHES = sorted(n for n in os.environ if n.startswith("FA_VARIANTS_") and n not in _KEPT_SWITCHES)
+for _name in DROPPED_SWITCHES:
+    del os.environ[_name]
+
+
+import helpers  # noqa: E402 (after the switches are dropped: it imports the package)
 
 
 # Each test session compiles into its own empty disk cache (fa_variants.common.diskcache), so that tests see
@@ -127,8 +140,12 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_report_header(config):
-    return (f"fa_variants tests: a fresh seed per test, printed when it fails; session seed "
-            f"{helpers.SESSION_SEED_ENV}={helpers.SESSION_SEED} (module fixtures; each xdist worker has its own)")
+    lines = [f"fa_variants tests: a fresh seed per test, printed when it fails; session seed "
+             f"{helpers.SESSION_SEED_ENV}={helpers.SESSION_SEED} (module fixtures; each xdist worker has its own)"]
+    if DROPPED_SWITCHES:
+        lines.append(f"fa_variants tests: ignored from the environment (the suite tests the defaults): "
+                     f"{', '.join(DROPPED_SWITCHES)}")
+    return lines
 
 
 @pytest.fixture

@@ -362,3 +362,27 @@ def test_int_switches_read_as_the_others(monkeypatch):
         with pytest.raises(env.SwitchError, match=r"\.\.\.' \(5000 characters\)") as info:
             read()
         assert len(str(info.value)) < 160, str(info.value)
+
+
+def test_the_suite_drops_switches_the_callers_shell_exported(tmp_path):
+    """tests/conftest.py runs the suite on the defaults whatever the caller exported: a switch set in the shell
+    (a backend that changes what `auto` tests see, a value the package's import refuses) is gone before the package
+    loads and named in the header; the suite's own variables and the fixture's path stay."""
+    import shutil
+
+    for name in ("conftest.py", "helpers.py"):
+        shutil.copy(ROOT / "tests" / name, tmp_path / name)
+    (tmp_path / "test_probe.py").write_text(
+        "import os\n\n"
+        "def test_environment():\n"
+        "    import fa_variants.api  # its import checks every switch: FA_VARIANTS_SPLIT_KV=2 would raise\n"
+        "    assert 'FA_VARIANTS_BACKEND' not in os.environ and 'FA_VARIANTS_SPLIT_KV' not in os.environ\n"
+        "    assert os.environ['FA_VARIANTS_FIXTURE'] == '/nowhere/fixture.pt'\n"
+        "    assert os.environ['FA_VARIANTS_FP8_STATS'] == 'stats.json'\n", encoding="utf-8")
+    environ = subprocess_env(FA_VARIANTS_BACKEND="reference", FA_VARIANTS_SPLIT_KV="2",
+                             FA_VARIANTS_FIXTURE="/nowhere/fixture.pt", FA_VARIANTS_FP8_STATS="stats.json")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-v",
+                          str(tmp_path)], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300)
+    assert "1 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    assert ("fa_variants tests: ignored from the environment (the suite tests the defaults): FA_VARIANTS_BACKEND, "
+            "FA_VARIANTS_SPLIT_KV") in run.stdout, run.stdout[-3000:]
