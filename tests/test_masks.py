@@ -109,8 +109,8 @@ def test_a_sliding_window_is_judged_by_the_mask_it_comes_with():
 
 
 def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
-    """Every layer gets the same mask tensor: it is read once; an in-place change, another tensor or other sizes
-    read it again; each answer is a new tensor (a caller's edit of one does not reach the next); a refusal is kept
+    """Every layer gets the same mask tensor: it is read once; an in-place change, its storage rebound (``.data =``),
+    another tensor or other sizes read it again; each answer is a new tensor (a caller's edit of one does not reach the next); a refusal is kept
     too (a padded batch's layers then read the mask's key windows, kept the same way); inference tensors (no version
     counter) are read every time; a few masks are kept (hybrid models alternate two)."""
     reads = []
@@ -137,12 +137,15 @@ def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
     assert hf.mask_as_lengths(mask, 2, 8, 2, 2, memo=True)[1].tolist() == [5, 4]
     assert hf.mask_as_lengths(mask.clone(), 2, 8, 2, 2, memo=True)[1].tolist() == [5, 4]
     assert len(reads) == 9
+    mask.data = _lengths_mask([1, 6], 2, 8, True)  # rebound: the version counter stands, the storage does not
+    assert hf.mask_as_lengths(mask, 2, 8, 2, 2, memo=True)[1].tolist() == [1, 6]
+    assert len(reads) == 10
     with torch.inference_mode():  # no version counter: never kept
         frozen = _lengths_mask([5, 3], 2, 8, True)
         hf.mask_as_lengths(frozen, 2, 8, 2, 2, memo=True), hf.mask_as_lengths(frozen, 2, 8, 2, 2, memo=True)
-    assert len(reads) == 11
+    assert len(reads) == 12
     hf.mask_as_lengths(mask, 2, 8, 2, 2), hf.mask_as_lengths(mask, 2, 8, 2, 2)  # without memo: every call reads
-    assert len(reads) == 13
+    assert len(reads) == 14
 
 
 def test_a_mask_rewritten_behind_its_version_counter_is_read_again():
@@ -290,6 +293,50 @@ def test_a_padded_batch_under_torch_compile_runs_or_is_refused_when_it_runs():
     with pytest.raises(hf.UnsupportedAttentionError, match="a causal mask for a non-causal layer"):
         step(q, k, torch.ones(4, 6, dtype=torch.bool).tril(2)[None, None].expand(2, 1, 4, 6))
     torch._dynamo.reset()
+
+@needs_hf
+def test_a_padded_batch_as_a_4d_mask_traces_fullgraph():
+    """README's way to run a padded batch under torch.compile(fullgraph=True), where a 2-D attention_mask's padding
+    cannot be read (it decides at a graph break whether a mask is needed): the same padding as a 4-D boolean mask
+    (batch, 1, seqlen_q, seqlen_k). Left and right padding, one graph, the hidden states within the rule against
+    the float64 model with the same mask (at the real tokens for left padding: rows that see no key give 0 here)."""
+    from test_integrations import tiny_llama
+
+    model = tiny_llama()
+    n = 9
+    ids = torch.randint(0, 97, (2, n), generator=seeded_generator())
+    rows, cols = torch.arange(n)[:, None], torch.arange(n)[None]
+    causal = cols <= rows
+    right = torch.stack([causal, causal & (cols < 6)])[:, None]           # sequence 1: 6 tokens, then padding
+    left = torch.stack([causal, causal & (cols >= 3)])[:, None]           # sequence 1: 3 padding tokens first
+    name = hf.register(backend="reference")
+    torch._dynamo.reset()
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model.set_attn_implementation(name)
+    try:
+        compiled = torch.compile(model.model, fullgraph=True, backend=recording_backend)
+        with torch.no_grad():
+            got = {"right": compiled(ids, attention_mask=right).last_hidden_state,
+                   "left": compiled(ids, attention_mask=left).last_hidden_state}
+        assert len(graphs) == 1, len(graphs)
+        model.set_attn_implementation("sdpa")
+        twin = float64_twin(model)
+        twin.set_attn_implementation("sdpa")
+        real = {"right": torch.ones(2, n, dtype=torch.bool), "left": left[:, 0].any(-1)}
+        with torch.no_grad():
+            for kind, mask in (("right", right), ("left", left)):
+                keep = real[kind]
+                assert_model_within_rule(got[kind][keep], model.model(ids, attention_mask=mask).last_hidden_state[keep],
+                                         twin.model(ids, attention_mask=mask).last_hidden_state[keep], kind)
+    finally:
+        model.set_attn_implementation("eager")
+        torch._dynamo.reset()
+
 
 @pytest.mark.parametrize("form", ["key padding (batch, 1, 1, seqlen_k)", "key padding (1, seqlen_k) float",
                                   "static cache (batch, 1, seqlen_q, seqlen_k)", "static cache float -inf",

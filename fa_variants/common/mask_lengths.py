@@ -97,10 +97,11 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
 def read_once(mask: torch.Tensor, reader: str, key: tuple, memo: bool, read):
     """``read()``'s answer for ``mask`` (``reader``: which answer, ``key``: the call's sizes), or its InexpressibleMask
     raised; with ``memo`` (not for inference tensors: no version counter) the answer or refusal kept in `_MEMO` and
-    given again while the tensor's version counter stands (a refused mask's layers then go to its key windows, read
-    once too), entered last: the least recently used goes first. The version is read first: a change meanwhile
-    misses."""
-    version = None if not memo or mask.is_inference() else mask._version
+    given again while the tensor's version counter and storage stand (a refused mask's layers then go to its key
+    windows, read once too), entered last: the least recently used goes first. The version is read first: a change
+    meanwhile misses. A write PyTorch does not count is not seen (through ``.data``, ``.numpy()`` or DLPack: the
+    same blind spot as autograd's saved-tensor check); rebinding ``mask.data`` to another tensor is (its address)."""
+    version = None if not memo or mask.is_inference() else (mask._version, mask.data_ptr())
     kept = _MEMO.get((id(mask), reader))
     if version is not None and kept is not None and kept[0]() is mask and kept[1:3] == (version, key):
         answer = kept[3]

@@ -145,7 +145,9 @@ def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: i
     -inf floats only; the two kinds coincide there; the attention op after it stays in reduce-overhead's CUDA
     graphs, which ``sdpa_masked_windows`` would leave). A mask of the other kind (full for a causal layer, with
     seqlen_q > 1, or causal for a non-causal one) or one the lengths cannot express raises when the compiled graph
-    runs, as the caller's eager path does (``_mask_refusal``)."""
+    runs (``_mask_refusal``). The eager paths refuse the same masks but one: transformers' attention function reads
+    the kind from the mask itself there, so a causal mask in a non-causal layer runs eagerly (traced, the kind is
+    fixed before any value is read: ``integrations.hf``)."""
     from fa_variants.common import mask_lengths
 
     try:

@@ -26,10 +26,13 @@ whole sequence), run as one call with ``seqlens_k``, ``leftpad_k`` and ``seqlens
 Anything else (sliding windows that bite, packed sequences, additive biases) raises
 :class:`UnsupportedAttentionError`, whose message says to use ``attn_implementation="sdpa"`` or ``"eager"`` for that
 call. Under torch.compile, the padding of transformers' 2-D attention_mask is read (a graph break) only where it
-decides whether a mask is needed at all (a dynamic cache: keys from position 0, queries at the end); a mask that is
-built anyway (a static cache's slots, a padded batch) costs no graph break: the layer's ``is_causal`` gives the kind
-and ``torch.ops.fa_variants.mask_sequence_windows`` (``mask_window`` for one query row) reads it into those windows
-when the compiled graph runs (refusing then what one call cannot express).
+decides whether a mask is needed at all: keys from position 0 and queries at the end (no cache, as in a training
+step, or a dynamic cache). ``fullgraph=True`` cannot break there, so Dynamo stops on that read ("Could not guard on
+data-dependent expression"), padded or not: under fullgraph pass no attention_mask when nothing is padded, or a 4-D
+boolean mask (batch, 1, q_length, kv_length), or use a static cache. A mask that is built anyway (a static cache's
+slots) or given as 4-D costs no graph break: the layer's ``is_causal`` gives the kind and
+``torch.ops.fa_variants.mask_sequence_windows`` (``mask_window`` for one query row) reads it into those windows when
+the compiled graph runs (refusing then what one call cannot express).
 
 Training: the kernels have no backward kernel of their own; their gradients come from PyTorch's backward
 (``fa_variants.integrations.backward``: by default cuDNN's fused backward on our forward's O and LSE, else PyTorch's
