@@ -27,8 +27,10 @@ def test_ci_runs_the_readme_test_command():
 #: up to session 20 went into bench/notes-vol1-2026-11-30-to-12-03.md.xz, 0.43 MB of text in 0.13 MB; 6.4 MB until
 #: session 53, when the notes up to session 50 were in volumes, every run's logs packed and the PNG charts already
 #: optimal; 6.5 MB until session 54, whose leftpad_k code and tests came after the notes up to session 53 went into
-#: volumes and every packable log was packed: the .gpu/ carried beside the tree was 59.48 MB then)
-TRACKED_BUDGET = 6_600_000
+#: volumes and every packable log was packed: the .gpu/ carried beside the tree was 59.48 MB then; 6.6 MB until
+#: session 57, whose conftest / hf changes passed it with the notes up to session 56 in volumes: .gpu/ 59.47 MB, so
+#: 6.7 MB leaves ~0.6 MB)
+TRACKED_BUDGET = 6_700_000
 
 
 def tracked_sizes() -> dict[str, int]:
