@@ -20,8 +20,9 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 57 (session 56's, unchanged: session 56 began with 165 s of device time, too little to start a
-#    machine, and made no device call; it changed tests only). Session 55 got no device machine (every start failed or
+#    Plan for session 58 (session 56's, unchanged: session 57 got no machine in ten tries, each start failing or
+#    refused; it changed tests, docs and the HF mask memo's key, no kernel. Session 56 began with 165 s of device time,
+#    too little to start a machine, and changed tests only). Session 55 got no device machine (every start failed or
 #    was refused; its device time went on the failed starts), so session 54's plan (W, E, T) did not run. It added
 #    seqlens_q (each sequence's query count: a causal batch padded on the right, the training batch, in one launch; fa3
 #    / fa2 windows kernels, Sm90Config / Sm80Config.seqlens_q; the API, the reference, the backward window by window
@@ -35,7 +36,7 @@
 #       fused merge and packed; the API on fa3 / fa2 / fa1; CUDA-graph replays; the fused backward 5 calls per mode;
 #       the compiled SDPA drop-in's right-padded training step).
 #    R. `python3 scripts/rightpad_ab.py --out $OUT/rightpad` (~2 min): prediction in bench/NOTES.md "Session 55"
-#       (one-call / slices 1.5-4x at B 16 N 1k, 1.1-1.6x at B 4 N 4k; / padded 1.2-1.8x; / sdpa-mask 2-6x).
+#       (volume 6; one-call / slices 1.5-4x at B 16 N 1k, 1.1-1.6x at B 4 N 4k; / padded 1.2-1.8x; / sdpa-mask 2-6x).
 #    T. `python3 scripts/leftpad_ab.py --out $OUT/leftpad` (~2 min): prediction: leftpad / lengths 0.97-1.03,
 #       leftpad / sdpa-mask >= 1 at the decoding shapes, 1.5-4x at the prompt batches (session 54's one-off with host
 #       time, `bench/h100-2026-12-07-s54/call9`: 218 us against SDPA's 101 us at B 16 Nk 4k decode).
