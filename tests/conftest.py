@@ -18,9 +18,9 @@ import torch
 # suite's own variables (fa_variants.common.switches.OUTSIDE, named here without importing the package, whose
 # import checks the switches: hence before `import helpers`) and FA_VARIANTS_FIXTURE (where the model fixture
 # lives). The dropped names print in the header.
-_KEPT_SWITCHES = {"FA_VARIANTS_SESSION_SEED", "FA_VARIANTS_TEST_SEED", "FA_VARIANTS_FP8_STATS",
+KEPT_SWITCHES = {"FA_VARIANTS_SESSION_SEED", "FA_VARIANTS_TEST_SEED", "FA_VARIANTS_FP8_STATS",
                   "FA_VARIANTS_TESTS_WITHOUT_SASS", "FA_VARIANTS_FIXTURE", "FA_VARIANTS_CACHE_DIR"}
-DROPPED_SWITCHES = sorted(n for n in os.environ if n.startswith("FA_VARIANTS_") and n not in _KEPT_SWITCHES)
+DROPPED_SWITCHES = sorted(n for n in os.environ if n.startswith("FA_VARIANTS_") and n not in KEPT_SWITCHES)
 for _name in DROPPED_SWITCHES:
     del os.environ[_name]
 
