@@ -20,9 +20,10 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 58 (session 56's, unchanged: session 57 got no machine in ten tries, each start failing or
-#    refused; it changed tests, docs and the HF mask memo's key, no kernel. Session 56 began with 165 s of device time,
-#    too little to start a machine, and changed tests only). Session 55 got no device machine (every start failed or
+#    Plan for session 58 (session 56's, unchanged: session 57 got no machine in 14 tries, each start failing (its
+#    device time went on them); it changed tests, docs and the HF mask memo's key, no kernel. Session 56 began with
+#    165 s of device time, too little to start a machine, and changed tests only). If a session's time runs short,
+#    S and R fit one call (S under `timeout 300`, R under `timeout 150`). Session 55 got no device machine (every start failed or
 #    was refused; its device time went on the failed starts), so session 54's plan (W, E, T) did not run. It added
 #    seqlens_q (each sequence's query count: a causal batch padded on the right, the training batch, in one launch; fa3
 #    / fa2 windows kernels, Sm90Config / Sm80Config.seqlens_q; the API, the reference, the backward window by window
