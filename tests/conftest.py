@@ -15,12 +15,13 @@ import torch
 # The package's switches (README.md, "Environment switches") as the caller's shell set them are dropped: the suite
 # tests the defaults, and each test that needs a switch sets it itself (monkeypatch, subprocess_env). An exported
 # FA_VARIANTS_BACKEND=reference made a test of "auto"'s refusal pass through the reference instead. Kept: the test
-# suite's own variables (fa_variants.common.switches.OUTSIDE, named here without importing the package, whose
-# import checks the switches: hence before `import helpers`) and FA_VARIANTS_FIXTURE (where the model fixture
-# lives). The dropped names print in the header.
-KEPT_SWITCHES = {"FA_VARIANTS_SESSION_SEED", "FA_VARIANTS_TEST_SEED", "FA_VARIANTS_FP8_STATS",
-                  "FA_VARIANTS_TESTS_WITHOUT_SASS", "FA_VARIANTS_FIXTURE", "FA_VARIANTS_CACHE_DIR"}
-DROPPED_SWITCHES = sorted(n for n in os.environ if n.startswith("FA_VARIANTS_") and n not in KEPT_SWITCHES)
+# suite's own variables and the free-form paths (common.switches.OUTSIDE, FREE_FORM: the fixture's, the cache's).
+# Dropped before `import helpers`, which imports the package's modules that read or check the switches (common.
+# switches imports only common.env). The dropped names print in the header.
+from fa_variants.common import switches as _switches
+
+KEPT_SWITCHES = {*_switches.OUTSIDE, *_switches.FREE_FORM}
+DROPPED_SWITCHES = sorted(n for n in os.environ if n.startswith(_switches.PREFIX) and n not in KEPT_SWITCHES)
 for _name in DROPPED_SWITCHES:
     del os.environ[_name]
 

@@ -386,6 +386,3 @@ def test_the_suite_drops_switches_the_callers_shell_exported(tmp_path):
     assert "1 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
     assert ("fa_variants tests: ignored from the environment (the suite tests the defaults): FA_VARIANTS_BACKEND, "
             "FA_VARIANTS_SPLIT_KV") in run.stdout, run.stdout[-3000:]
-    import conftest  # the kept names are the package's list of them (named there without importing the package)
-
-    assert conftest.KEPT_SWITCHES == set(switches.OUTSIDE) | set(switches.FREE_FORM)
