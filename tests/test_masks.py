@@ -311,12 +311,7 @@ def test_a_padded_batch_as_a_4d_mask_traces_fullgraph():
     left = torch.stack([causal, causal & (cols >= 3)])[:, None]           # sequence 1: 3 padding tokens first
     name = hf.register(backend="reference")
     torch._dynamo.reset()
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    graphs, recording_backend = _recorder()
     model.set_attn_implementation(name)
     try:
         compiled = torch.compile(model.model, fullgraph=True, backend=recording_backend)
