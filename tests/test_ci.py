@@ -20,6 +20,29 @@ def test_ci_runs_the_readme_test_command():
     subprocess.run(["bash", "-n", str(ROOT / ".ci" / "run")], check=True)
 
 
+def test_the_package_metadata_uses_no_deprecated_setuptools_form(monkeypatch):
+    """The README's install builds the package with the newest setuptools (pip's isolated build). setuptools 77+
+    warns that a table-form `project.license` (`{ text = ... }`) is deprecated and to be refused from 2027-02-18,
+    which would stop both README commands on a fresh machine: the metadata is applied here with setuptools'
+    warnings as errors (an SPDX string and the LICENSE file), and the build floor admits that form."""
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip(f"setuptools {setuptools.__version__} predates PEP 639 license expressions")
+    import warnings
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    monkeypatch.chdir(ROOT)  # readme and license files are relative to the project
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist = apply_configuration(Distribution(), "pyproject.toml")
+    assert dist.metadata.license_expression == "BSD-3-Clause"
+    assert [Path(f).name for f in dist.metadata.license_files] == ["LICENSE"] and (ROOT / "LICENSE").is_file()
+    floor = re.search(r'"setuptools>=(\d+)', (ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert floor and int(floor.group(1)) >= 77, "build-system must require setuptools>=77 for an SPDX license"
+
+
 #: bytes of the tracked tree at most: every GPU call copies the working tree to the device beside the carried .gpu/
 #: (the DSL, ~59.5 MB) and .before.tar.xz (~0.3 MB) within 64 MiB (67.1 MB); 6.6 MB leaves ~0.7 MB of margin for
 #: untracked files (none in a clean checkout; 5.5 MB until session 26, when bench/NOTES.md alone was 0.49 MB; 6.0 MB
