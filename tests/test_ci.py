@@ -116,3 +116,23 @@ def test_tests_import_only_what_the_test_command_installs():
             faults.append(f"{test.name} imports {name}")
     assert faults == [], ("not installed by `pip install -e '.[dev]'`: declare it in pyproject's dev extra (and "
                           "DISTRIBUTIONS here), guard it with pytest.importorskip, or use a stand-in module", faults)
+
+
+def test_the_package_imports_without_deprecated_calls_of_its_own():
+    """Every module of fa_variants imports in a fresh process with DeprecationWarnings raised from the package's own
+    lines made errors: an API its dependencies mark for removal (the DSL's cutlass.utils.LayoutEnum, for one) fails
+    here, before a release that drops it fails a user's import."""
+    code = (
+        "import importlib, pkgutil, warnings\n"
+        "warnings.filterwarnings('error', category=DeprecationWarning, module=r'fa_variants(\\.|$)')\n"
+        "warnings.filterwarnings('error', category=PendingDeprecationWarning, module=r'fa_variants(\\.|$)')\n"
+        "import fa_variants\n"
+        "names = [m.name for m in pkgutil.walk_packages(fa_variants.__path__, 'fa_variants.')\n"
+        "         if not m.name.endswith('__main__')]  # runs the command line\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "print(len(names))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) > 50  # walked the whole package, not an empty path

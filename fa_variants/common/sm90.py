@@ -23,7 +23,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.cute.nvgpu.tcgen05 import int_to_smem_descriptor, smem_descriptor_to_int
 from cutlass.cutlass_dsl import T, dsl_user_op
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum  # cutlass.utils.LayoutEnum is deprecated (DSL 4.8)
 
 from fa_variants.common.config import WGMMA_M
 
