@@ -27,7 +27,8 @@
 #   write_commit FILE         the tree's commit, one line, labelled with its source: .gpu/commit.txt's first line
 #                             "+ (from .gpu/commit.txt)" when that file is there and not empty (the caller writes it
 #                             before a GPU call: `git log --oneline -1 > .gpu/commit.txt`; .gpu/ is carried and
-#                             git-ignored), else `git log --oneline -1` + " (git on this host)": the copied tree's
+#                             git-ignored), else `git log --oneline -1` + " (git on this host)" ("unknown (git log gave no
+#                             commit)" outside a checkout or without git): the copied tree's
 #                             git metadata on a GPU host can be older than the tree (session 11: 813a508 for c8a3a0a).
 #   step NAME LIMIT CMD...    runs CMD with a time limit (SIGINT at LIMIT seconds), its output in $LOGS/NAME.log,
 #                             and prints "== NAME: rc=RC in Ts" (rc 124: timed out). With STEP_TAIL=N set, it
@@ -88,11 +89,12 @@ session_setup() {
 }
 
 write_commit() {
-  local root given
+  local root given head
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   given=$(head -n 1 "$root/.gpu/commit.txt" 2>/dev/null)
+  head=$(git -C "$root" log --oneline -1 2>/dev/null | head -n 1)  # empty: no git, or not a checkout
   if [[ -n $given ]]; then echo "$given (from .gpu/commit.txt)"
-  else echo "$(git -C "$root" log --oneline -1 2>&1 | head -n 1) (git on this host)"; fi > "$1"
+  else echo "${head:-unknown (git log gave no commit)} (git on this host)"; fi > "$1"
 }
 
 stop_clocks() { [[ -z ${CLOCKS_PID:-} ]] || kill "$CLOCKS_PID" 2>/dev/null; CLOCKS_PID=""; }

@@ -37,6 +37,20 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
     return {**os.environ, "PYTHONPATH": path, **extra}
 
+def git_checkout_or_skip() -> None:
+    """Skip (with the reason) a test of the repository's own git checkout (its index, its ignore rules) where the tree
+    is not one: a source archive, an sdist, a copy without .git (a container build), or no git installed. CI runs on
+    a clone, where these tests run."""
+    try:
+        inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("checks this repository's git checkout: git is not installed")
+    if inside.returncode != 0 or inside.stdout.strip() != "true":
+        pytest.skip(f"checks this repository's git checkout: {ROOT} is not one (a source archive or a copy without "
+                    f".git): {inside.stderr.strip().splitlines()[0] if inside.stderr.strip() else inside.stdout.strip()}")
+
+
 #: set to a failed test's printed seed to draw its inputs again (conftest's ``rng_seed``)
 SEED_ENV = "FA_VARIANTS_TEST_SEED"
 #: set to a failed run's printed session seed to draw the module-scoped fixtures' inputs again (``session_seed``)

@@ -6,7 +6,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import load_script
+from helpers import git_checkout_or_skip, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the small repository's run folder, spelt in pieces so that this file holds no path to a bench run
@@ -19,12 +19,14 @@ def pb():
 
 
 def archives() -> list[Path]:
+    git_checkout_or_skip()
     out = subprocess.run(["git", "ls-files", "-z", "bench"], cwd=ROOT, capture_output=True, check=True).stdout
     return [ROOT / p for p in out.decode().split("\0") if p.endswith("/raw.tar.xz")]
 
 
 def test_every_bench_path_in_the_docs_names_what_is_there(pb):
     """bench/RUN/x.json (RUN/x.json in bench/NOTES.md) is a file, bench/RUN/raw.tar.xz:x.json a member."""
+    git_checkout_or_skip()  # the tracked text: the git index
     assert pb.stale_references() == [], "unpack, or write packed files as bench/RUN/raw.tar.xz:FILE (bench/README.md)"
 
 

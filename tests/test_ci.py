@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import git_checkout_or_skip
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,6 +58,7 @@ TRACKED_BUDGET = 6_700_000
 
 
 def tracked_sizes() -> dict[str, int]:
+    git_checkout_or_skip()
     out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode()
     return {p: (ROOT / p).stat().st_size for p in out.split("\0") if p and (ROOT / p).is_file()}
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, collected_ids, load_script
+from helpers import ROOT, collected_ids, git_checkout_or_skip, load_script
 
 
 SHELL_SCRIPTS = sorted(p.name for p in (ROOT / "scripts").glob("*.sh"))
@@ -200,8 +200,8 @@ def _expected_commit(root) -> str:
     first = given.read_text(encoding="utf-8").splitlines()[0] if given.is_file() and given.read_text(encoding="utf-8").strip() else ""
     if first:
         return f"{first} (from .gpu/commit.txt)\n"
-    head = subprocess.run(["git", "log", "--oneline", "-1"], cwd=root, capture_output=True, text=True).stdout.strip()
-    return f"{head} (git on this host)\n"
+    head = subprocess.run(["git", "log", "--oneline", "-1"], cwd=root, capture_output=True, text=True).stdout
+    return f"{head.splitlines()[0] if head.strip() else 'unknown (git log gave no commit)'} (git on this host)\n"
 
 
 def test_steps_sh_commit_label(tmp_path):
@@ -230,6 +230,14 @@ def test_steps_sh_commit_label(tmp_path):
     (tmp_path / ".gpu" / "commit.txt").write_text("c8a3a0a fa3-fp8 head_dim 256: variant\n", encoding="utf-8")
     assert label() == "c8a3a0a fa3-fp8 head_dim 256: variant (from .gpu/commit.txt)\n" == _expected_commit(tmp_path)
     assert "git log --oneline -1 > .gpu/commit.txt" in (ROOT / "scripts" / "pending_gpu.sh").read_text(encoding="utf-8")
+    # a tree that is no git checkout (a source archive): one line saying so, not git's error
+    plain = tmp_path / "plain"
+    (plain / "scripts").mkdir(parents=True)
+    (plain / "scripts" / "steps.sh").write_text((ROOT / "scripts" / "steps.sh").read_text(), encoding="utf-8")
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tmp_path))  # no repository above it either
+    subprocess.run(["bash", "-c", f'source "{plain}/scripts/steps.sh"; write_commit "{plain}/commit.txt"'], cwd=plain,
+                   check=True, timeout=30, env=env)
+    assert (plain / "commit.txt").read_text(encoding="utf-8") == "unknown (git log gave no commit) (git on this host)\n"
 
 
 def _killed_session(tmp_path, killer: list[str]) -> tuple[int, int, subprocess.CompletedProcess]:
@@ -397,6 +405,7 @@ def test_before_archive_packs_and_unpacks_where_only_it_was_carried(tmp_path):
 def test_the_before_archive_is_what_gpu_calls_carry():
     """.before.tar.xz is git-ignored (it travels by carry); pending_gpu.sh's and ab_checkout.sh's help name the carry
     [".gpu", ".before.tar.xz"], not the folder."""
+    git_checkout_or_skip()  # git's ignore rules
     ignored = subprocess.run(["git", "check-ignore", ".before.tar.xz", ".before/x.py"], cwd=ROOT, capture_output=True,
                              text=True).stdout.split()
     assert ignored == [".before.tar.xz", ".before/x.py"], ignored
