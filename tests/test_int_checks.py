@@ -181,3 +181,50 @@ def test_free_bytes_of_a_cuda_device_that_cannot_answer(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", busy)
     assert checks.free_bytes("cuda") is None and checks.free_bytes("meta") is None
+
+
+def test_allocating_turns_a_failed_allocation_into_one_line(monkeypatch):
+    """checks.allocating: a RuntimeError or MemoryError inside the block (torch's out of memory, a size overflow)
+    is a ValueError naming what was allocated, its first line only; a need of exactly the free bytes fits, one byte
+    more is refused before the block runs."""
+    from fa_variants.common import checks
+
+    for error in (RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB"), MemoryError()):
+        with pytest.raises(ValueError) as info:
+            with checks.allocating("the inputs", "pass smaller sizes"):
+                raise error
+        first = str(error).splitlines()[0] if str(error) else "MemoryError"
+        assert str(info.value) == f"cannot allocate the inputs ({first}); pass smaller sizes"
+    with pytest.raises(TypeError):  # anything else passes through as it is
+        with checks.allocating("the inputs", "hint"):
+            raise TypeError("not an allocation")
+    monkeypatch.setattr(checks, "free_bytes", lambda device="cpu": 1000)
+    ran = []
+    with checks.allocating("x", "smaller", nbytes=1000):
+        ran.append(True)
+    with pytest.raises(ValueError, match=r"^cannot allocate x \(needs .*, cpu has .* free\); smaller$"):
+        with checks.allocating("x", "smaller", nbytes=1001):
+            ran.append(False)
+    assert ran == [True]
+
+
+def test_one_line_shows_a_rejected_argument_on_one_short_line():
+    """checks.one_line: a repr of up to `limit` characters as it is, a longer one cut with its type named; a tensor or
+    numpy array of one or more dimensions by its kind, shape and dtype; a 0-d one by its (short) repr; a broken
+    __repr__ named, not raised."""
+    from fa_variants.common.checks import one_line
+
+    assert one_line("x" * 78) == repr("x" * 78)  # 80 characters with the quotes
+    assert one_line("x" * 79) == repr("x" * 79)[:80] + "... (str)"
+    assert one_line([1,
+                     2]) == "[1, 2]"
+    assert one_line(torch.zeros(2, 3)) == "a tensor of shape (2, 3) and dtype torch.float32"
+    assert one_line(np.zeros((4,), dtype=np.int16)) == "a numpy array of shape (4,) and dtype int16"
+    assert one_line(torch.tensor(0.5)) == "tensor(0.5000)"
+    assert one_line(np.float32(0.5)) == repr(np.float32(0.5))
+
+    class Broken:
+        def __repr__(self):
+            raise KeyError("no repr")
+
+    assert one_line(Broken()) == "<Broken: repr failed (KeyError)>"
