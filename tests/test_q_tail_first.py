@@ -92,3 +92,48 @@ def test_q_tail_first_refusals(change):
 
 def test_q_tail_first_valid():
     assert dataclasses.replace(Sm90Config(tile_m=192, tile_n=128, intra_wg_overlap=False), q_tail_first=True).check(128)
+
+
+def _visible_keys(position: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """How many keys (0 .. n-1) query position ``position`` sees: bottom-right causal, or all seqlen_k."""
+    return max(0, min(seqlen_k, position + seqlen_k - seqlen_q + 1)) if causal else seqlen_k
+
+
+@pytest.mark.parametrize("tile_m, tile_n, group", [(2, 2, 1), (3, 2, 1), (4, 3, 1), (4, 2, 2), (6, 4, 3), (2, 3, 4),
+                                                   (2, 2, 6), (3, 3, 3)])
+def test_block_info_tile_ranges_against_a_brute_force_walk(tile_m, tile_n, group):
+    """Every BlockInfo tile range, small tiles and every small size (packed GQA too: G query heads per position,
+    G dividing tile_m or a multiple of it), against the visible keys of each row: kv_tile_end is one past the last
+    tile a row of the tile sees (0: none); kv_tile_causal_start the number of tiles wholly visible to the tile's first
+    row (so to every row: unmasked); and, unpacked, the K/V-outer helpers' stated equivalences,
+    i >= q_tile_start(n) <=> n < kv_tile_end(i) and i >= q_tile_unmasked_start(n) <=> n < kv_tile_causal_start(i)
+    (both 0 without causal). A range one tile short drops keys a row sees; an unmasked tile a row must not see all of
+    leaks keys past its diagonal."""
+    for causal in (False, True):
+        blocks = BlockInfo(tile_m, tile_n, causal, group)
+        for seqlen_q in range(0, 9):
+            for seqlen_k in range(0, 11):
+                q_tiles, kv_tiles = math.ceil(seqlen_q * group / tile_m), math.ceil(seqlen_k / tile_n)
+                for m in range(q_tiles):
+                    rows = range(m * tile_m, min((m + 1) * tile_m, seqlen_q * group))
+                    seen = max(_visible_keys(r // group, seqlen_q, seqlen_k, causal) for r in rows)
+                    assert blocks.kv_tile_end(m, seqlen_q, seqlen_k) == math.ceil(seen / tile_n), \
+                        (causal, seqlen_q, seqlen_k, m)
+                    if causal:  # tiles before it run without the causal mask
+                        first = rows[0] // group + seqlen_k - seqlen_q + 1  # the first row's visible keys, uncapped
+                        assert blocks.kv_tile_causal_start(m, seqlen_q, seqlen_k) == max(first, 0) // tile_n, \
+                            (seqlen_q, seqlen_k, m)
+                if group != 1:
+                    continue
+                for n in range(kv_tiles):
+                    start = blocks.q_tile_start(n, seqlen_q, seqlen_k)
+                    unmasked = blocks.q_tile_unmasked_start(n, seqlen_q, seqlen_k)
+                    if not causal:
+                        assert start == unmasked == 0
+                        continue
+                    assert 0 <= start <= unmasked <= q_tiles, (seqlen_q, seqlen_k, n)
+                    for i in range(q_tiles):
+                        assert (i >= start) == (n < blocks.kv_tile_end(i, seqlen_q, seqlen_k)), \
+                            (seqlen_q, seqlen_k, n, i)
+                        assert (i >= unmasked) == (n < blocks.kv_tile_causal_start(i, seqlen_q, seqlen_k)), \
+                            (seqlen_q, seqlen_k, n, i)
