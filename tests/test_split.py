@@ -116,6 +116,28 @@ def test_heuristic():
             assert 1 <= s <= max(1, min(split.MAX_SPLITS, n // split.MIN_BLOCKS_PER_SPLIT))
 
 
+
+def test_heuristic_boundaries():
+    """The grid counts as full from 0.8 x num_sms CTAs on (never split there, though 4 waves of a fifth of the tiles
+    would model faster), and of two counts that model the same time the fewer splits win (fewer partials to merge):
+    1 CTA, 9 tiles, 4 SMs: 3 splits (3 + 1 tiles) and 4 splits (3 + 1) tie, 3 is taken."""
+    assert split.num_splits_heuristic(ctas=8, n_blocks=100, num_sms=10) == 1
+    assert split.num_splits_heuristic(ctas=7, n_blocks=100, num_sms=10) > 1
+    assert split.num_splits_heuristic(ctas=1, n_blocks=9, num_sms=4) == 3
+    assert split.num_splits_heuristic(ctas=3, n_blocks=8, num_sms=4) == 1
+
+
+def test_check_split_scale_refuses_any_split_beyond_the_merge_scale():
+    """num_splits=2 (the smallest split) at |softmax_scale| above 2^64 is refused as larger counts are; 1 and None
+    pass (run unsplit)."""
+    for num_splits in (2, 3, 64):
+        with pytest.raises(ValueError, match=f"^num_splits={num_splits} with softmax_scale=-3.689e\\+19: "):
+            split.check_split_scale(num_splits, -2.0**65)
+    split.check_split_scale(2, split.MAX_SPLIT_SCALE)
+    split.check_split_scale(1, 2.0**65)
+    split.check_split_scale(None, 2.0**65)
+
+
 def test_heuristic_fills_the_sms_with_the_shortest_splits():
     """Issue 13's B=1, Nq=1, 4k keys, 32:8 packed (8 CTAs, 32 tiles of 128) on 132 SMs: 16 splits, 128 CTAs of 2
     tiles each (the wave-efficiency rule took 14: 112 CTAs, some of 3 tiles, and the longest sets the time);
