@@ -164,6 +164,27 @@ def test_scale_too_small_for_float32_reaches_a_kernel_as_zero(fake_gpu):
     assert len(fake_gpu) == 5 and torch.isfinite(out).all()
 
 
+
+def test_kernel_scale_forms_attend_as_the_scale_does():
+    """common.scale: the form a kernel runs with, c > 0 (a negative scale negates K, one that float32 flushes becomes
+    the smallest normal float32, never 0: masked scores would give -inf * 0 = NaN), gives the caller's attention; a
+    tensor scale is refused with the hint to pass a number."""
+    from fa_variants.common.scale import FLOAT32_TINY, check_softmax_scale, kernel_scale, positive_scale
+
+    assert kernel_scale(0.0) == kernel_scale(-1e-300) == (False, FLOAT32_TINY)
+    assert kernel_scale(-0.25) == (True, 0.25) and kernel_scale(0.25) == (False, 0.25)
+    q, k, v = qkv(nq=5, nk=9, dtype=torch.float32)
+    for scale in (-0.3, 0.3, 0.0, -1e-300, -2.0):
+        k_run, c = positive_scale(k, scale)
+        assert c > 0
+        want = reference.attention_reference(q, k, v, causal=True, softmax_scale=scale)
+        got = reference.attention_reference(q, k_run, v, causal=True, softmax_scale=c)
+        torch.testing.assert_close(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1])
+    with pytest.raises(TypeError, match=r"^softmax_scale must be a real number or None, got tensor\(0.5000\) "
+                                        r"\(a tensor: pass softmax_scale.item\(\)\)$"):
+        check_softmax_scale(torch.tensor(0.5))
+
 def test_non_unit_last_stride_is_copied(fake_gpu):
     q, k, v = qkv(d=32)
     q_strided = q[..., ::2]
