@@ -703,3 +703,26 @@ def test_the_refusal_is_raisable_under_dynamo():
         assert torch.compile(run, backend="eager")(torch.ones(2)) == "a test mask"
     finally:
         torch._dynamo.reset()
+
+
+def test_as_lengths_refuses_heads_that_differ_other_ranks_and_a_dtype_min_bias_when_asked():
+    """mask_lengths.as_lengths: heads whose key counts differ are refused (one seqlens_k per sequence would give every
+    head the first head's keys), so are masks of another rank than 4 (not left to fail inside expand), and with
+    float_min_blocks=False (the SDPA drop-in) a float mask holding the dtype's lowest is an attention bias, not a
+    mask; with it, any value at or below half the lowest hides its key."""
+    heads = torch.zeros(1, 2, 3, 6, dtype=torch.bool)
+    heads[:, 0, :, :4] = True
+    heads[:, 1, :, :5] = True
+    with pytest.raises(mask_lengths.InexpressibleMask, match="^this attention mask"):
+        mask_lengths.as_lengths(heads, 3, 6, 1, 2)
+    for shape in ((1, 1, 1, 3, 6), (1, 3, 6), (3, 6)):
+        with pytest.raises(mask_lengths.InexpressibleMask, match=r"^a mask of shape \("):
+            mask_lengths.as_lengths(torch.ones(shape, dtype=torch.bool), 3, 6, 1, 2)
+    for dtype in (torch.float32, torch.bfloat16):
+        bias = torch.zeros(2, 1, 3, 6, dtype=dtype)
+        bias[0, ..., 4:] = torch.finfo(dtype).min
+        bias[1, ..., 5:] = torch.finfo(dtype).min / 2
+        causal, seqlens_k = mask_lengths.as_lengths(bias, 3, 6, 2, 1)
+        assert causal is False and seqlens_k.tolist() == [4, 5]
+        with pytest.raises(mask_lengths.InexpressibleMask, match="^an additive attention bias .*: hide keys with -inf"):
+            mask_lengths.as_lengths(bias, 3, 6, 2, 1, float_min_blocks=False)
