@@ -4,6 +4,7 @@ filled slots hidden) and keys padded on the right, expressed as ``causal`` + ``s
 (``common.mask_lengths``); what stays refused (left padding, a window that bites, heads that disagree, biases); the
 mask read once per step, not once per layer. Sizes and lengths are drawn fresh each run."""
 import importlib.util
+import inspect
 
 import pytest
 import torch
@@ -209,11 +210,15 @@ def test_static_cache_decoding_under_torch_compile_fullgraph(padding):
     name = hf.register(backend="reference")
     graphs, recording_backend = _recorder()
 
+    # the cache argument's name: `cache` where forward has it (past_key_values deprecated there, to be removed in
+    # transformers 5.40), past_key_values in the older releases the dev extra admits
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
     def decode(forward, model=model):
         cache = StaticCache(config=model.config, max_cache_len=32)
         masks = {i: {} if padding == "none" else dict(attention_mask=mask[:, :i]) for i in range(prompt, prompt + 5)}
-        model(ids[:, :prompt], past_key_values=cache, use_cache=True, **masks[prompt])
-        return [forward(ids[:, i:i + 1], past_key_values=cache, cache_position=torch.tensor([i]), use_cache=True,
+        model(ids[:, :prompt], use_cache=True, **{key: cache}, **masks[prompt])
+        return [forward(ids[:, i:i + 1], cache_position=torch.tensor([i]), use_cache=True, **{key: cache},
                         **masks[i + 1]).logits for i in range(prompt, prompt + 4)]
 
     torch._dynamo.reset()
