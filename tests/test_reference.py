@@ -210,6 +210,19 @@ def test_rule_accepts_a_correct_output(case):
     assert check_lse(lse, q, k, v, True, refs=refs).ok
 
 
+
+def test_rule_and_run_edges():
+    """The rule fails where the same-dtype reference is not finite (its bound means nothing there), rel_l2 against a
+    zero reference is the plain norm of x, and ``run``'s LSE is float32 (float64 inputs too) but float64 for a
+    partial (context parallelism merges partials in it), out unrounded then."""
+    assert not ref._rule(1.0, math.inf).ok and not ref._rule(math.nan, 1.0).ok and ref._rule(1.0, 1.0).ok
+    assert ref.rel_l2(torch.tensor([3.0, 4.0]), torch.zeros(2)) == 5.0
+    q, k, v = (torch.randn(1, 3, 2, 8, dtype=torch.float64) for _ in range(3))
+    out, lse = ref.run(q, k, v, causal=True, softmax_scale=0.5)
+    assert out.dtype == torch.float64 and lse.dtype == torch.float32
+    out, lse = ref.run(q.half(), k.half(), v.half(), causal=True, softmax_scale=0.5, partial=True)
+    assert out.dtype == torch.float32 and lse.dtype == torch.float64
+
 def test_rule_rejects_nan(case):
     q, k, v, refs = case
     out = refs.out.half()
