@@ -183,3 +183,21 @@ def test_a_padded_batch_mask_is_read_once_per_step(monkeypatch):
     mask[1, 0, :3, :] = False
     hf.attention_forward(torch.nn.Module(), q, q, q, mask, backend="reference")
     assert len(reads) == 4
+
+
+def test_a_full_window_in_a_call_fixed_causal_gets_query_count_zero():
+    """windowed.one_call_windows(causal=True) (a traced causal layer, whose call's flag is fixed): a full window's
+    query count is 0, so the causal call sees all of it; the window's own flag (False) would give seqlen_q, a
+    bottom-right diagonal that hides keys the mask shows."""
+    from fa_variants import windowed
+    from fa_variants.reference import attention_reference
+
+    full = [mask_windows.Window(0, 5, None)]
+    assert windowed.one_call_windows(full, 4)[1][2].tolist() == [4]
+    needed, (ends, starts, counts) = windowed.one_call_windows(full, 4, causal=True)
+    assert needed is False and (ends.tolist(), starts.tolist(), counts.tolist()) == ([5], [0], [0])
+    q, k, v = make_qkv(1, 4, 7, 2, 2, 16, dtype=torch.float64, generator=seeded_generator())
+    out = fa_variants.attention(q, k, v, causal=True, seqlens_k=ends, leftpad_k=starts, seqlens_q=counts,
+                                backend="reference")
+    want, _ = attention_reference(q, k[:, :5], v[:, :5])
+    torch.testing.assert_close(out, want)
