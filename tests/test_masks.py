@@ -149,6 +149,24 @@ def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
     assert len(reads) == 14
 
 
+def test_a_kept_mask_read_with_other_sizes_is_read_again():
+    """The memo's answer is for the call's sizes too: the same unchanged tensor broadcast to other sizes (another
+    batch, more query rows, other heads) gives what a fresh read gives, not the answer kept for the first sizes (one
+    row that sees 5 keys is causal with 5 keys; 4 rows that each see 5 keys are not: a kept causal=True would hide
+    keys from the first rows)."""
+    g = seeded_generator()
+    seqlen_k = int(torch.randint(6, 12, (), generator=g))
+    seen = int(torch.randint(1, seqlen_k, (), generator=g))
+    mask = (torch.arange(seqlen_k) < seen)[None, None, None]  # (1, 1, 1, seqlen_k): broadcast to every size
+    calls = [(1, seqlen_k, 2, 4), (4, seqlen_k, 2, 4), (4, seqlen_k, 3, 4), (4, seqlen_k, 3, 2), (1, seqlen_k, 2, 4)]
+    for sizes in calls:
+        got = mask_lengths.as_lengths(mask, *sizes, memo=True)
+        fresh = mask_lengths.as_lengths(mask, *sizes)
+        assert got[0] == fresh[0] and got[1].tolist() == fresh[1].tolist(), (sizes, got, fresh)
+    assert mask_lengths.as_lengths(mask, 1, seqlen_k, 2, 4)[0] != mask_lengths.as_lengths(mask, 4, seqlen_k, 2, 4)[0]
+    assert mask_lengths.as_lengths(mask, 4, seqlen_k, 3, 4, memo=True)[1].tolist() == [seen] * 3
+
+
 def test_a_mask_rewritten_behind_its_version_counter_is_read_again():
     """The SDPA drop-in keeps nothing (nor does the compiled graphs' mask op: the GPU test of reduce-overhead): a mask
     rewritten without its version counter moving (here through .data) gives its new lengths."""
