@@ -77,6 +77,20 @@ def test_validation(bad, error, match):
     assert torch.equal(k, k0)  # nothing of the caller's modified
 
 
+@pytest.mark.parametrize("name,limit", [("seqlens_k", "seqlen_k"), ("seqlens_q", "seqlen_q"), ("leftpad_k", "seqlen_k")])
+def test_the_lengths_check_alone_holds_its_bounds(name, limit):
+    """``reference.check_seqlens_k`` with values (what the kernels' launch and the custom op run without the API's
+    window check behind it): 0 and the limit itself pass, one past either end is a one-line ValueError naming the
+    argument and its limit."""
+    from fa_variants.reference import check_seqlens_k
+
+    n = int(torch.randint(1, 50, ()))
+    check_seqlens_k(torch.tensor([n, 0], dtype=torch.int32), 2, n, torch.device("cpu"), name=name)
+    for bad in (n + 1, -1):
+        with pytest.raises(ValueError, match=rf"^{name} holds {bad}, outside \[0, {limit} = {n}\]$"):
+            check_seqlens_k(torch.tensor([0, bad], dtype=torch.int32), 2, n, torch.device("cpu"), name=name)
+
+
 def test_kernel_launch_checks_the_lengths_and_the_config():
     """``common.launch.launch`` (what ``fa3.run`` / ``fa2.run`` call) with seqlens_k: the tensor's dtype, shape and
     device are checked before anything is compiled (the kernel reads seqlens_k[b] for every batch b: a shorter
