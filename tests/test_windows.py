@@ -40,6 +40,23 @@ CASES = {  # (windows per sequence, seqlen_q, seqlen_k)
 }
 
 
+
+@pytest.mark.parametrize("window", [(2, 9, 0), (3, 7, None)], ids=["causal", "full"])
+def test_one_window_for_the_whole_batch_is_every_sequence_s(window):
+    """A mask of batch 1 (broadcast over the call's batch, as SDPA allows) gives its window to every sequence: one
+    window per sequence of the call, and SDPA's answer for each (not the first sequence's alone)."""
+    seqlen_q, seqlen_k = 4, 9
+    batch = int(torch.randint(2, 5, ()))
+    mask = _window_mask([window], seqlen_q, seqlen_k)  # (1, 1, seqlen_q, seqlen_k)
+    found = mask_windows.as_windows(mask, seqlen_q, seqlen_k, batch, 4)
+    assert len(found) == batch and len(set(found)) == 1, found
+    q, k, v = (t.transpose(1, 2) for t in make_qkv(batch, seqlen_q, seqlen_k, 4, 2, 16, dtype=torch.float64,
+                                                   generator=seeded_generator()))
+    out = fa_variants.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, backend="reference")
+    expected, _ = _masked_attention(q, k, v, mask.expand(batch, 1, seqlen_q, seqlen_k))
+    torch.testing.assert_close(out.double(), expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("kind", ["bool", "additive"])
