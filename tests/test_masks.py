@@ -167,6 +167,23 @@ def test_a_kept_mask_read_with_other_sizes_is_read_again():
     assert mask_lengths.as_lengths(mask, 4, seqlen_k, 3, 4, memo=True)[1].tolist() == [seen] * 3
 
 
+@pytest.mark.parametrize("empty", ["batch", "heads", "seqlen_q", "seqlen_k"])
+@pytest.mark.parametrize("mask_heads", ["heads", "1"])
+def test_an_empty_call_with_a_mask_gives_sdpa_s_empty_answer(empty, mask_heads):
+    """A call with no batch, no heads, no query rows or no keys, with a mask of its own sizes (or heads 1): the SDPA
+    drop-in and ``as_lengths`` answer as torch's SDPA does (an output of the call's shape: empty, or zeros where no key
+    is given) instead of reading an empty mask (an IndexError, mutation audit L15)."""
+    sizes = dict(batch=2, heads=4, seqlen_q=3, seqlen_k=5)
+    sizes[empty] = 0
+    b, h, n_q, n_k = sizes.values()
+    q, k = torch.randn(b, h, n_q, 16), torch.randn(b, h, n_k, 16)
+    mask = torch.ones(b, h if mask_heads == "heads" else 1, n_q, n_k, dtype=torch.bool)
+    assert mask_lengths.as_lengths(mask, n_q, n_k, b, h)[1] is None  # no lengths: nothing to hide
+    out = fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, backend="reference")
+    want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+    assert out.shape == want.shape and torch.equal(out.nan_to_num(), torch.zeros_like(want)), (out, want)
+
+
 def test_a_mask_rewritten_behind_its_version_counter_is_read_again():
     """The SDPA drop-in keeps nothing (nor does the compiled graphs' mask op: the GPU test of reduce-overhead): a mask
     rewritten without its version counter moving (here through .data) gives its new lengths."""
