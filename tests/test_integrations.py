@@ -387,6 +387,25 @@ def test_hf_fallback_keeps_bottom_right_causal_and_compiles():
     torch.testing.assert_close(torch.compile(run, fullgraph=True)(q, k, v), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layer,given,causal", [
+    (True, None, True), (False, None, False), (None, None, True),  # the layer's flag; decoders by default
+    (True, False, False), (False, True, True), (None, False, False),  # is_causal= given overrides it
+])
+def test_hf_causal_flag_without_a_mask(layer, given, causal):
+    """Without a mask, attention_forward's causal flag is ``is_causal`` when given, else the layer's ``is_causal``
+    (True when it has none), as transformers' sdpa integration reads it: checked against the float64 reference of the
+    flag (mutation audit H5 / H6: the override or the default dropped passed every test)."""
+    g = seeded_generator()
+    q, k, v = (torch.randn(1, 4, 5, 16, generator=g) for _ in range(3))  # (batch, heads, seqlen, head_dim)
+    module = torch.nn.Module()
+    if layer is not None:
+        module.is_causal = layer
+    kwargs = {} if given is None else dict(is_causal=given)
+    out = hf.attention_forward(module, q, k, v, None, backend="reference", **kwargs)[0]
+    expected, _ = attention_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_mask_is_causal_classifies_masks():
     causal = torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)[None, None]  # bottom-right, 5 x 7
     assert hf.mask_is_causal(causal, 5, 7) is True
