@@ -107,6 +107,16 @@ def test_a_sliding_window_is_judged_by_the_mask_it_comes_with():
     torch.testing.assert_close(out, expected.float(), rtol=1e-5, atol=1e-6)
     with pytest.raises(hf.UnsupportedAttentionError, match="sliding window"):
         hf.attention_forward(torch.nn.Module(), q, k, k, None, sliding_window=4, backend="reference")
+    # without a mask, at the window's edge (transformers: a query sees itself and the window - 1 keys before it): as
+    # many keys as the window hide none (causal), one more hides the first key from the last query (refused)
+    window = int(torch.randint(2, 9, ()))
+    q, k = torch.randn(1, 4, window + 1, 16), torch.randn(1, 2, window + 1, 16)
+    out, _ = hf.attention_forward(torch.nn.Module(), q[:, :, 1:], k[:, :, 1:], k[:, :, 1:], None,
+                                  sliding_window=window, backend="reference")
+    sliced = (t[:, :, 1:].transpose(1, 2) for t in (q, k, k))
+    torch.testing.assert_close(out, attention_reference(*sliced, causal=True)[0].float(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(hf.UnsupportedAttentionError, match=f"a sliding window of {window} keys over {window + 1} keys"):
+        hf.attention_forward(torch.nn.Module(), q, k, k, None, sliding_window=window, backend="reference")
 
 
 def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
