@@ -321,6 +321,26 @@ def test_hf_fallback_runs_sdpa_for_what_we_cannot_express(model, ids, monkeypatc
 
 
 @needs_hf
+@pytest.mark.parametrize("q_offset,kv_offset", [(0, 0), (3, 0), (5, 2), (4, 1)])
+def test_hf_mask_skipped_only_where_the_flag_says_it_all(q_offset, kv_offset):
+    """build_mask returns None (the layer's causal flag stands for the mask) only where the queries are the last
+    keys' (q_offset + q_length == kv_length) and the keys start at 0 (kv_offset 0); elsewhere it builds
+    transformers' own mask (a chunk after a cache, a sliding cache's offset: mutation audit H10 / H13, a flag
+    standing for a mask it does not express, passed every test)."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    q_length, kv_length = 3, 8
+    got = hf.build_mask(2, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                        mask_function=causal_mask_function)
+    if q_offset + q_length == kv_length and kv_offset == 0:
+        assert got is None
+    else:
+        want = sdpa_mask(batch_size=2, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                         mask_function=causal_mask_function, allow_is_causal_skip=False)
+        assert got is not None and torch.equal(got, want), (got, want)
+
+
+@needs_hf
 def test_hf_mask_built_when_the_model_asks_for_it():
     """A model that uses the mask itself (Falcon with ALiBi adds its bias to it; Doge its learned mask) asks
     transformers for it built (allow_is_causal_skip=False): our mask function builds it then, where it would return
