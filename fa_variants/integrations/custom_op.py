@@ -16,13 +16,15 @@ Schema: ``fa_variants::attention(Tensor q, Tensor k, Tensor v, bool causal, floa
 str backend) -> (Tensor out, Tensor lse)``, out contiguous (batch, seqlen_q, num_heads, head_dim) in q's
 dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, num_heads, seqlen_q); with per-sequence KV lengths
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
-softmax_scale, str backend, Tensor? leftpad_k=None) -> (Tensor out, Tensor lse)``. Masks read when a compiled
-graph runs: ``fa_variants::mask_window`` (a mask's per-sequence key windows as seqlens_k and leftpad_k, for
-transformers' masks; ``fa_variants::mask_lengths``, its lengths alone, before session 54, is kept for graphs exported
-with it) and
-``fa_variants::sdpa_masked_windows`` (the SDPA drop-in's attn_mask and the attention as one node; ``sdpa_masked``
-before session 54, kept for graphs traced with it; their backward
-``fa_variants::sdpa_masked_backward``, the same ``kernel_backward`` as one opaque node: no second derivative).
+softmax_scale, str backend, Tensor? leftpad_k=None, Tensor? seqlens_q=None) -> (Tensor out, Tensor lse)``. Masks
+read when a compiled graph runs: ``fa_variants::mask_sequence_windows`` (a mask's per-sequence windows as seqlens_k,
+leftpad_k and seqlens_q, for transformers' masks of a causal layer's query rows beyond one, since session 55) and
+``fa_variants::mask_window`` (seqlens_k and leftpad_k alone: a decoding step's row, a non-causal layer;
+``fa_variants::mask_lengths``, its lengths alone, before session 54, is kept for graphs exported with it), and
+``fa_variants::sdpa_masked_sequence_windows`` (the SDPA drop-in's attn_mask and the attention as one node, since
+session 55; ``sdpa_masked_windows`` (session 54) and ``sdpa_masked`` before it are kept for graphs traced with them;
+their backward ``fa_variants::sdpa_masked_backward``, the same ``kernel_backward`` as one opaque node: no second
+derivative).
 
 Autograd (the attention and seqlens_k ops): the backward is ``integrations.backward.kernel_backward``
 (``FA_VARIANTS_BACKWARD``: by default cuDNN's fused attention backward, else PyTorch's FlashAttention-2 backward
