@@ -5,6 +5,8 @@
 #
 # Before each call, here: `git log --oneline -1 > .gpu/commit.txt` (carried; steps.sh writes it into commit.txt
 # labelled "(from .gpu/commit.txt)": the copied tree's git metadata on the GPU host can be older than the tree).
+# A call copies the working tree as it is: commit first, and let no helper's uncommitted edit (a mutation under test)
+# travel with it; the tree and the carried .gpu/ must fit 64 MiB together (~0.3 MB to spare in session 58).
 #
 # 1. --checks: the GPU tests of defaults changed without a script of their own (~150-220 s cold), CHECKS below,
 #    after one precompile step (three compilers in parallel, ~60 s cold): scripts/checks_precompile.py (11 jobs: the
@@ -20,9 +22,12 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 58 (session 56's, unchanged: session 57 got no machine in 14 tries, each start failing (its
-#    device time went on them); it changed tests, docs and the HF mask memo's key, no kernel. Session 56 began with
-#    165 s of device time, too little to start a machine, and changed tests only). If a session's time runs short,
+#    Plan for session 59 (session 56's, unchanged: session 58 got no machine in 23 calls (13 failed starts, 9 refusals
+#    inside a failure's window, loans paused for an hour); it changed tests, docs, packaging (pyproject's licence) and
+#    one import of common/sm90 (LayoutEnum from cutlass.tensor_utils, the same object: fa3's SASS byte-identical at
+#    head_dim 64 / 128 / 256). Session 57 got no machine in 14 tries; it changed tests, docs and the HF mask memo's
+#    key, no kernel. Session 56 began with 165 s of device time, too little to start a machine, and changed tests
+#    only). If a session's time runs short,
 #    S and R fit one call (S under `timeout 300`, R under `timeout 150`). Session 55 got no device machine (every start failed or
 #    was refused; its device time went on the failed starts), so session 54's plan (W, E, T) did not run. It added
 #    seqlens_q (each sequence's query count: a causal batch padded on the right, the training batch, in one launch; fa3
