@@ -6,7 +6,8 @@
 # Before each call, here: `git log --oneline -1 > .gpu/commit.txt` (carried; steps.sh writes it into commit.txt
 # labelled "(from .gpu/commit.txt)": the copied tree's git metadata on the GPU host can be older than the tree).
 # A call copies the working tree as it is: commit first, and let no helper's uncommitted edit (a mutation under test)
-# travel with it; the tree and the carried .gpu/ must fit 64 MiB together (~0.3 MB to spare in session 58).
+# travel with it; the tree and the carried .gpu/ must fit 64 MiB together (session 58: 0.13 MB more in .gpu/ fit,
+# 0.68 MB more did not).
 #
 # 1. --checks: the GPU tests of defaults changed without a script of their own (~150-220 s cold), CHECKS below,
 #    after one precompile step (three compilers in parallel, ~60 s cold): scripts/checks_precompile.py (11 jobs: the
