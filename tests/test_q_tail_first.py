@@ -10,6 +10,7 @@ import pytest
 
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.mask import BlockInfo
+from fa_variants.reference import causal_visible
 
 WARPGROUP_ROWS = 64
 Q_SCALE_ROWS = 128  # fa_variants.fp8.layout.TILE_M (not imported: the fp8 package loads torch)
@@ -94,11 +95,6 @@ def test_q_tail_first_valid():
     assert dataclasses.replace(Sm90Config(tile_m=192, tile_n=128, intra_wg_overlap=False), q_tail_first=True).check(128)
 
 
-def _visible_keys(position: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
-    """How many keys (0 .. n-1) query position ``position`` sees: bottom-right causal, or all seqlen_k."""
-    return max(0, min(seqlen_k, position + seqlen_k - seqlen_q + 1)) if causal else seqlen_k
-
-
 @pytest.mark.parametrize("tile_m, tile_n, group", [(2, 2, 1), (3, 2, 1), (4, 3, 1), (4, 2, 2), (6, 4, 3), (2, 3, 4),
                                                    (2, 2, 6), (3, 3, 3)])
 def test_block_info_tile_ranges_against_a_brute_force_walk(tile_m, tile_n, group):
@@ -114,14 +110,16 @@ def test_block_info_tile_ranges_against_a_brute_force_walk(tile_m, tile_n, group
         for seqlen_q in range(0, 9):
             for seqlen_k in range(0, 11):
                 q_tiles, kv_tiles = math.ceil(seqlen_q * group / tile_m), math.ceil(seqlen_k / tile_n)
+                # the keys each query position sees (a prefix: bottom-right causal, or all of them)
+                visible = causal_visible(seqlen_q, seqlen_k).sum(-1).tolist() if causal else [seqlen_k] * seqlen_q
                 for m in range(q_tiles):
                     rows = range(m * tile_m, min((m + 1) * tile_m, seqlen_q * group))
-                    seen = max(_visible_keys(r // group, seqlen_q, seqlen_k, causal) for r in rows)
+                    seen = max(visible[r // group] for r in rows)
                     assert blocks.kv_tile_end(m, seqlen_q, seqlen_k) == math.ceil(seen / tile_n), \
                         (causal, seqlen_q, seqlen_k, m)
-                    if causal:  # tiles before it run without the causal mask
-                        first = rows[0] // group + seqlen_k - seqlen_q + 1  # the first row's visible keys, uncapped
-                        assert blocks.kv_tile_causal_start(m, seqlen_q, seqlen_k) == max(first, 0) // tile_n, \
+                    if causal:  # tiles before it run without the causal mask: those the first row sees whole
+                        first = visible[rows[0] // group]
+                        assert blocks.kv_tile_causal_start(m, seqlen_q, seqlen_k) == first // tile_n, \
                             (seqlen_q, seqlen_k, m)
                 if group != 1:
                     continue
