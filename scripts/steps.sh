@@ -92,9 +92,11 @@ write_commit() {
   local root given head
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   given=$(head -n 1 "$root/.gpu/commit.txt" 2>/dev/null)
-  head=$(git -C "$root" log --oneline -1 2>/dev/null | head -n 1)  # empty: no git, or not a checkout
   if [[ -n $given ]]; then echo "$given (from .gpu/commit.txt)"
-  else echo "${head:-unknown (git log gave no commit)} (git on this host)"; fi > "$1"
+  else
+    head=$(git -C "$root" log --oneline -1 2>/dev/null | head -n 1)  # empty: no git, or not a checkout
+    echo "${head:-unknown (git log gave no commit)} (git on this host)"
+  fi > "$1"
 }
 
 stop_clocks() { [[ -z ${CLOCKS_PID:-} ]] || kill "$CLOCKS_PID" 2>/dev/null; CLOCKS_PID=""; }

@@ -3,6 +3,7 @@ import ast
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,6 @@ def test_the_package_metadata_uses_no_deprecated_setuptools_form(monkeypatch):
     setuptools = pytest.importorskip("setuptools")
     if int(setuptools.__version__.split(".")[0]) < 77:
         pytest.skip(f"setuptools {setuptools.__version__} predates PEP 639 license expressions")
-    import warnings
-
     from setuptools.config.pyprojecttoml import apply_configuration
     from setuptools.dist import Distribution
 
