@@ -346,8 +346,8 @@ def test_a_padded_batch_under_torch_compile_runs_or_is_refused_when_it_runs():
 
 @needs_hf
 def test_a_padded_batch_as_a_4d_mask_traces_fullgraph():
-    """README's way to run a padded batch under torch.compile(fullgraph=True), where a 2-D attention_mask's padding
-    cannot be read (it decides at a graph break whether a mask is needed): the same padding as a 4-D boolean mask
+    """A padded batch under torch.compile(fullgraph=True) given as a 4-D boolean mask (README's way before session
+    59, when a 2-D attention_mask's padding was read there and stopped Dynamo): the same padding as a 4-D mask
     (batch, 1, seqlen_q, seqlen_k). Left and right padding, one graph, the hidden states within the rule against
     the float64 model with the same mask (at the real tokens for left padding: rows that see no key give 0 here)."""
     from test_integrations import tiny_llama
@@ -381,6 +381,76 @@ def test_a_padded_batch_as_a_4d_mask_traces_fullgraph():
     finally:
         model.set_attn_implementation("eager")
         torch._dynamo.reset()
+
+
+@needs_hf
+@pytest.mark.parametrize("fallback", [None, "sdpa"])
+def test_a_2d_attention_mask_traces_fullgraph(fallback):
+    """A tokenizer's 2-D attention_mask (all ones, padded on the right, padded on the left) under
+    torch.compile(fullgraph=True): one graph. build_mask does not read the padding while such a trace runs (Dynamo
+    would stop on the read: "Could not guard on data-dependent expression", sessions 57-58's documented limit); it
+    builds the mask, which our op reads when the graph runs (fallback None) or sdpa takes as it is
+    (fallback="sdpa"). The hidden states within the rule against the float64 model (sdpa) with the same mask, at
+    the real tokens (rows that see no key give 0 here). Without fullgraph an all-ones mask is still read at a graph
+    break and runs as the plain causal call (no mask op in the graphs)."""
+    from test_integrations import tiny_llama
+
+    model = tiny_llama()
+    g = seeded_generator()
+    n = 9
+    ids = torch.randint(0, 97, (2, n), generator=g)
+    cut = 1 + int(torch.randint(0, n - 2, (), generator=g))  # sequence 1's padding: n - cut tokens
+    ones = torch.ones(2, n, dtype=torch.long)
+    masks = {"ones": ones, "right": ones.clone(), "left": ones.clone()}
+    masks["right"][1, cut:] = 0
+    masks["left"][1, :n - cut] = 0
+    name = hf.register(backend="reference", fallback=fallback)
+    model.set_attn_implementation(name)
+    got = {}
+    try:
+        for kind, mask in masks.items():
+            torch._dynamo.reset()
+            graphs, recording_backend = _recorder()
+            compiled = torch.compile(model.model, fullgraph=True, backend=recording_backend)
+            with torch.no_grad():
+                got[kind] = compiled(ids, attention_mask=mask).last_hidden_state
+            assert len(graphs) == 1, (kind, len(graphs))
+            nodes = {str(node.target) for gm in graphs for node in gm.graph.nodes}
+            ours = any("fa_variants.attention" in target for target in nodes)
+            assert ours == (fallback is None), (kind, sorted(nodes))
+        torch._dynamo.reset()
+        graphs, recording_backend = _recorder()
+        with torch.no_grad():
+            plain = torch.compile(model.model, backend=recording_backend)(ids, attention_mask=ones).last_hidden_state
+        targets = [str(node.target) for gm in graphs for node in gm.graph.nodes]
+        assert sum("fa_variants.attention" in t for t in targets) == 2, targets  # one per layer, causal, no mask op
+        assert not any("mask_window" in t or "mask_sequence_windows" in t for t in targets), targets
+        torch.testing.assert_close(plain, got["ones"], rtol=1e-5, atol=1e-5)
+        model.set_attn_implementation("sdpa")
+        twin = float64_twin(model)
+        twin.set_attn_implementation("sdpa")
+        with torch.no_grad():
+            for kind, mask in masks.items():
+                keep = torch.ones(2, n, dtype=torch.bool) if kind != "left" else mask.bool()
+                assert_model_within_rule(got[kind][keep], model.model(ids, attention_mask=mask).last_hidden_state[keep],
+                                         twin.model(ids, attention_mask=mask).last_hidden_state[keep], kind)
+    finally:
+        model.set_attn_implementation("eager")
+        torch._dynamo.reset()
+
+
+def test_trace_may_break_is_false_where_the_tracer_cannot_be_asked(monkeypatch):
+    """Outside a Dynamo trace (a non-strict export, another torch's internals) the question has no tracer to ask:
+    the answer is False, so the mask is built and read when the graph runs, never read on the host while traced.
+    Eagerly the padding may be read."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    assert hf._may_read_padding()
+    assert hf._trace_may_break._dynamo_marked_constant is True
+    monkeypatch.setattr(InstructionTranslator, "current_tx", staticmethod(lambda: None))
+    assert hf._trace_may_break() is False
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert hf._may_read_padding() is False
 
 
 @pytest.mark.parametrize("form", ["key padding (batch, 1, 1, seqlen_k)", "key padding (1, seqlen_k) float",

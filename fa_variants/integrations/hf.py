@@ -26,13 +26,14 @@ whole sequence), run as one call with ``seqlens_k``, ``leftpad_k`` and ``seqlens
 Anything else (sliding windows that bite, packed sequences, additive biases) raises
 :class:`UnsupportedAttentionError`, whose message says to use ``attn_implementation="sdpa"`` or ``"eager"`` for that
 call. Under torch.compile, the padding of transformers' 2-D attention_mask is read (a graph break) only where it
-decides whether a mask is needed at all: keys from position 0 and queries at the end (no cache, as in a training
-step, or a dynamic cache). ``fullgraph=True`` cannot break there, so Dynamo stops on that read ("Could not guard on
-data-dependent expression"), padded or not: under fullgraph pass no attention_mask when nothing is padded, or a 4-D
-boolean mask (batch, 1, q_length, kv_length), or use a static cache. A mask that is built anyway (a static cache's
-slots) or given as 4-D costs no graph break: the layer's ``is_causal`` gives the kind and
+decides whether a mask is needed at all (keys from position 0 and queries at the end: no cache, as in a training
+step, or a dynamic cache), and only where the trace may break its graph: under ``fullgraph=True`` or torch.export
+the mask is built unread, as transformers' sdpa does while tracing. A mask that is built anyway (a static cache's
+slots, a fullgraph trace) or given as 4-D costs no graph break: the layer's ``is_causal`` gives the kind and
 ``torch.ops.fa_variants.mask_sequence_windows`` (``mask_window`` for one query row) reads it into those windows when
-the compiled graph runs (refusing then what one call cannot express).
+the compiled graph runs (a device sync or two per layer; refusing then what one call cannot express). With
+``fallback="sdpa"`` a trace that may break reads the mask to choose; one that may not gives every masked call to
+sdpa, which takes the mask unread.
 
 Training: the kernels have no backward kernel of their own; their gradients come from PyTorch's backward
 (``fa_variants.integrations.backward``: by default cuDNN's fused backward on our forward's O and LSE, else PyTorch's
@@ -250,6 +251,9 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
     if attention_mask is None:
         return _module_causal(module, is_causal), None
     if not traced_mask:
+        if not _may_read_padding():  # fallback="sdpa" in a trace that may not break: sdpa takes the mask unread
+            raise _refuse("an attention_mask in a trace that may not break (fullgraph=True, torch.export), where it "
+                          "cannot be read")
         try:
             return mask_as_lengths(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1], memo=True)
         except UnsupportedAttentionError:
@@ -294,13 +298,40 @@ def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
     skip_allowed = kwargs.get("allow_is_bidirectional_skip" if bidirectional else "allow_is_causal_skip", True)
     # the padding is read (a graph break under torch.compile) only where it decides: a mask that must be built anyway
     # (a static cache's slots) is built without it and read when the graph runs (torch.ops.fa_variants.mask_window)
+    # (a trace that may not break, fullgraph=True or torch.export, builds it unread: the graph reads it when it runs)
     if skip_allowed and plain and causal_aligned and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0 and (
-            attention_mask is None or bool(attention_mask.all())):
+            attention_mask is None or (_may_read_padding() and bool(attention_mask.all()))):
         return None
     kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=mask_function or causal_mask_function,
                      attention_mask=attention_mask, **kwargs)
+
+
+def _may_read_padding() -> bool:
+    """Whether ``build_mask`` may read the 2-D attention_mask's padding on the host: always eagerly; while
+    torch.compile traces, only where the trace may break its graph there (not under ``fullgraph=True``, where Dynamo
+    would stop on the read, nor under torch.export): the mask is then built unread and read when the graph runs
+    (``torch.ops.fa_variants.mask_sequence_windows``: a device sync or two per layer, the same result)."""
+    return not torch.compiler.is_compiling() or _trace_may_break()
+
+
+def _trace_may_break() -> bool:
+    """Whether the frame Dynamo is tracing may break its graph; False where Dynamo's tracer cannot be asked (another
+    torch's internals, a non-strict export, which does not run Dynamo). Dynamo calls it while tracing and keeps the
+    answer as a constant of the trace (the mark below), so it asks the tracer itself, not ``is_compiling`` (False
+    inside such a call on torch 2.11)."""
+    try:  # one_graph: fullgraph=True (and strict export); error_on_graph_break: torch >= 2.9's per-region switch
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        tracer = InstructionTranslator.current_tx()
+        return not (tracer.one_graph or tracer.error_on_graph_break)
+    except Exception:  # noqa: BLE001 - any failure to ask means: do not read
+        return False
+
+
+# torch.compiler.assume_constant_result's mark, set by hand as api._autocast_available's is (the decorator imports
+# torch._dynamo, 1.5-3 s): Dynamo calls the function while tracing and keeps its answer, instead of tracing it.
+_trace_may_break._dynamo_marked_constant = True
 
 
 def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str | None = None) -> str:
