@@ -439,6 +439,35 @@ def test_a_2d_attention_mask_traces_fullgraph(fallback):
         torch._dynamo.reset()
 
 
+@needs_hf
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_2d_attention_mask_exports(strict):
+    """torch.export of the tiny model with a right-padded 2-D attention_mask (strict: Dynamo, one_graph; non-strict:
+    no tracer to ask): the mask is built unread and read when the program runs, so another padding gives its own
+    answer, eager's (before session 59 both exports stopped on the read)."""
+    from test_integrations import tiny_llama
+
+    model = tiny_llama()
+    g = seeded_generator()
+    n = 9
+    ids = torch.randint(0, 97, (2, n), generator=g)
+    masks = [torch.ones(2, n, dtype=torch.long) for _ in range(2)]
+    masks[0][1, 6:] = 0
+    masks[1][1, 1 + int(torch.randint(0, 5, (), generator=g)):] = 0
+    model.set_attn_implementation(hf.register(backend="reference"))
+    try:
+        program = torch.export.export(model.model, (ids,), {"attention_mask": masks[0], "use_cache": False},
+                                      strict=strict).module()
+        with torch.no_grad():
+            for mask in masks:
+                torch.testing.assert_close(program(ids, attention_mask=mask, use_cache=False).last_hidden_state,
+                                           model.model(ids, attention_mask=mask, use_cache=False).last_hidden_state,
+                                           rtol=1e-5, atol=1e-5)
+    finally:
+        model.set_attn_implementation("eager")
+        torch._dynamo.reset()
+
+
 def test_trace_may_break_is_false_where_the_tracer_cannot_be_asked(monkeypatch):
     """Outside a Dynamo trace (a non-strict export, another torch's internals) the question has no tracer to ask:
     the answer is False, so the mask is built and read when the graph runs, never read on the host while traced.
