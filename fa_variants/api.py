@@ -69,9 +69,19 @@ def _layout_hint(q, k, v, hint: str) -> str:
     return hint if _shapes_fit([(t.shape[0], t.shape[2], t.shape[1], t.shape[3]) for t in (q, k, v)]) else ""
 
 
+# torch.jit.trace records torch's ops only: the kernels' launches would be missing from its recording (a traced
+# module replaying an empty output), and it hands out shapes as tensors. torch.compile and torch.export trace our
+# calls as custom ops.
+_JIT_TRACE_REFUSAL = ("torch.jit.trace cannot record fa_variants attention (its kernels run outside the trace, and "
+                      "PyTorch deprecates torch.jit.trace): use torch.compile or torch.export")
+
+
 def _check_inputs(q, k, v, names=("q", "k", "v"), hint: str = _ATTENTION_HINT) -> None:
     """Shape, dtype and device rules shared by every entry point, on the (B, N, H, D) layout. The seqlen and
-    head errors end with ``hint`` (the other layout's entry point) where swapping seqlen and heads would fit."""
+    head errors end with ``hint`` (the other layout's entry point) where swapping seqlen and heads would fit.
+    RuntimeError while torch.jit.trace records (``_JIT_TRACE_REFUSAL``)."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(_JIT_TRACE_REFUSAL)
     _check_rank((q, k, v), names, _LAYOUT)
     nq, nk, nv = names
     for name, t in zip(names, (q, k, v)):
@@ -786,10 +796,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 def _planned(q, k, v, causal, softmax_scale, backend: str, return_lse):
     """The fast path of `attention` and `scaled_dot_product_attention`: a call of a kind seen before (`_call_key`)
     run by its plan (`dispatch_and_run`'s, or `_autograd_plan`), without validation; None where there is none, and
-    while traced, under forward-mode AD or torch.func transforms (`_check_transforms` decides there), for a q of
+    while traced (torch.jit.trace too, which `_check_inputs` refuses), under forward-mode AD or torch.func transforms (`_check_transforms` decides there), for a q of
     another class than torch.Tensor and a return_lse of any class but bool."""
     if torch.compiler.is_compiling() or q.__class__ is not torch.Tensor or return_lse.__class__ is not bool \
-            or _FORWARD_AD._current_level >= 0 or torch._C._are_functorch_transforms_active():
+            or _FORWARD_AD._current_level >= 0 or torch._C._are_functorch_transforms_active() \
+            or torch.jit.is_tracing():
         return None
     plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))  # key None: not planned
     if plan is None:

@@ -468,6 +468,108 @@ def test_a_2d_attention_mask_exports(strict):
         torch._dynamo.reset()
 
 
+def _region_contexts():
+    """Compiled contexts where a graph break is not allowed although fullgraph is False (a helper's break-it run,
+    session 59), and one where a traced read becomes an unbacked symbol: name -> (wrap(forward) -> compiled callable,
+    a context manager around the call)."""
+    import contextlib
+
+    def error_region(forward):
+        def inner(ids, mask):
+            with torch._dynamo.error_on_graph_break(True):
+                return forward(ids, attention_mask=mask).last_hidden_state
+        return torch.compile(lambda ids, mask: inner(ids, mask), backend="eager")
+
+    def nested_region(forward):
+        region = torch.compiler.nested_compile_region(lambda ids, mask: forward(ids, attention_mask=mask)
+                                                      .last_hidden_state)
+        return torch.compile(lambda ids, mask: region(ids, mask) + 0, backend="eager")
+
+    def plain(forward):
+        return torch.compile(lambda ids, mask: forward(ids, attention_mask=mask).last_hidden_state, backend="eager")
+
+    return {"error_on_graph_break region in an inlined frame": (error_region, contextlib.nullcontext()),
+            "nested_compile_region body": (nested_region, contextlib.nullcontext()),
+            "capture_scalar_outputs": (plain, torch._dynamo.config.patch(capture_scalar_outputs=True))}
+
+
+@needs_hf
+@pytest.mark.parametrize("fallback", [None, "sdpa"])
+@pytest.mark.parametrize("context", list(_region_contexts()))
+def test_a_padded_batch_in_compiled_regions_that_may_not_break(context, fallback):
+    """A left-padded 2-D attention_mask where Dynamo may not break the graph although fullgraph is False (an
+    error_on_graph_break(True) region entered in an inlined frame; a nested_compile_region's body), or where a traced
+    read becomes an unbacked symbol (capture_scalar_outputs): before session 59 the padding read stopped Dynamo
+    ("Unsupported Tensor.item()", "Could not guard on data-dependent expression"). The hidden states at the real
+    tokens within the rule against the float64 model."""
+    from test_integrations import tiny_llama
+
+    model = tiny_llama()
+    g = seeded_generator()
+    n = 9
+    ids = torch.randint(0, 97, (2, n), generator=g)
+    mask = torch.ones(2, n, dtype=torch.long)
+    mask[1, :1 + int(torch.randint(0, n - 2, (), generator=g))] = 0
+    wrap, around = _region_contexts()[context]
+    model.set_attn_implementation(hf.register(backend="reference", fallback=fallback))
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), around:
+            got = wrap(model.model)(ids, mask)
+        model.set_attn_implementation("sdpa")
+        twin = float64_twin(model)
+        twin.set_attn_implementation("sdpa")
+        keep = mask.bool()
+        with torch.no_grad():
+            assert_model_within_rule(got[keep], model.model(ids, attention_mask=mask).last_hidden_state[keep],
+                                     twin.model(ids, attention_mask=mask).last_hidden_state[keep], context)
+    finally:
+        model.set_attn_implementation("eager")
+        torch._dynamo.reset()
+
+
+@needs_hf
+def test_jit_trace_is_refused_in_one_line_or_falls_back():
+    """torch.jit.trace records torch's ops only (the kernels would be missing from its recording: a traced module
+    replaying an empty output) and gives shapes as tensors; it had baked the first call's mask into the HF path
+    (another padding then gave the first one's answer: an error of 3.9 at the real tokens, session 59). The API
+    refuses it in one line, also for a call of a kind already planned; hf refuses it (UnsupportedAttentionError) or,
+    with fallback="sdpa", gives the call to sdpa, whose trace answers another padding as eager sdpa does."""
+    from test_integrations import tiny_llama
+
+    q, k = torch.randn(1, 5, 2, 16), torch.randn(1, 7, 2, 16)
+    fa_variants.attention(q, k, k, causal=True, backend="reference")  # planned where the backend plans
+    calls = {"attention": lambda q, k: fa_variants.attention(q, k, k, causal=True, backend="reference"),
+             "scaled_dot_product_attention": lambda q, k: fa_variants.scaled_dot_product_attention(
+                 q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), backend="reference")}
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match=r"^torch.jit.trace cannot record fa_variants attention .*use "
+                                               r"torch.compile or torch.export$") as caught:
+            torch.jit.trace(call, (q, k), check_trace=False)
+        assert "\n" not in str(caught.value), name
+    model = tiny_llama()
+    model.config.use_cache = False
+    n = 9
+    ids = torch.randint(0, 97, (2, n), generator=seeded_generator())
+    ones, left = torch.ones(2, n, dtype=torch.long), torch.ones(2, n, dtype=torch.long)
+    left[1, :4] = 0
+    try:
+        model.set_attn_implementation(hf.register(backend="reference"))
+        with torch.no_grad(), pytest.raises(hf.UnsupportedAttentionError, match="torch.jit.trace"):
+            torch.jit.trace(model.model, (ids, ones), check_trace=False, strict=False)
+        model.set_attn_implementation(hf.register("fa_variants_or_sdpa", backend="reference", fallback="sdpa"))
+        with torch.no_grad():
+            traced = torch.jit.trace(model.model, (ids, ones), check_trace=False, strict=False)
+            got = traced(ids, left)["last_hidden_state"]
+        model.set_attn_implementation("sdpa")
+        with torch.no_grad():
+            want = model.model(ids, attention_mask=left).last_hidden_state
+        keep = left.bool()
+        torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
+    finally:
+        model.set_attn_implementation("eager")
+
+
 def test_trace_may_break_is_false_where_the_tracer_cannot_be_asked(monkeypatch):
     """Outside a Dynamo trace (a non-strict export, another torch's internals) the question has no tracer to ask:
     the answer is False, so the mask is built and read when the graph runs, never read on the host while traced.

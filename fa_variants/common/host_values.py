@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-__all__ = ["vmapped", "unreadable"]
+__all__ = ["vmapped", "unreadable", "eagerly"]
 
 
 def vmapped(t: torch.Tensor) -> bool:
@@ -38,3 +38,15 @@ def unreadable(t: torch.Tensor) -> str | None:
     if t.device.type == "meta":
         return "a meta tensor"
     return None
+
+
+def eagerly(fn, *args):
+    """``fn(*args)`` run by Python itself, never compiled by Dynamo: for the functions that read a tensor's values
+    on the host and branch on them (a mask's flags). While torch.compile traces, the call is a graph break (also
+    with ``torch._dynamo.config.capture_scalar_outputs``, under which a read traced in the graph becomes an unbacked
+    symbol that the branch cannot guard on); called eagerly from a compiled region's resumed code, Dynamo does not
+    compile ``fn``'s frame either. Where Dynamo was never imported, a plain call (importing it costs seconds). The
+    wrapper is made per call (a few microseconds; ``fn`` may be a closure): for reads, not per-call paths."""
+    if "torch._dynamo" not in sys.modules and not torch.compiler.is_compiling():
+        return fn(*args)
+    return torch.compiler.disable(fn)(*args)

@@ -86,8 +86,8 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
         torch.compiler.disable(_refuse_vmapped)(mask)  # (wrapped here: disable imports Dynamo)
     if seqlen_q == 0 or seqlen_k == 0 or mask.shape[0] == 0 or mask.shape[1] == 0:
         return True, None  # nothing to hide: no row, or no key (every row then gives 0, LSE -inf)
-    if traced:
-        return _read(mask, seqlen_q, seqlen_k, batch, True, float_min_blocks)
+    if traced:  # a graph break: the read runs eagerly (host_values.eagerly)
+        return host_values.eagerly(_read, mask, seqlen_q, seqlen_k, batch, True, float_min_blocks)
     key = (batch, num_heads, seqlen_q, seqlen_k, float_min_blocks)
     causal, lengths = read_once(mask, "lengths", key, memo,
                                 lambda: _read(mask, seqlen_q, seqlen_k, batch, False, float_min_blocks))
@@ -107,7 +107,7 @@ def read_once(mask: torch.Tensor, reader: str, key: tuple, memo: bool, read):
         answer = kept[3]
     else:
         try:
-            answer = read()
+            answer = host_values.eagerly(read)  # never a frame Dynamo compiles: its reads steer Python
         except InexpressibleMask as refused:
             answer = refused
     if version is not None:

@@ -180,6 +180,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         warnings.warn("fa_variants attention returns no attention weights: output_attentions=True gives none "
                       "(as with sdpa); use attn_implementation='eager' for them", stacklevel=2)
     try:
+        if torch.jit.is_tracing():  # (the mask is built unread for it: build_mask)
+            raise _refuse("torch.jit.trace, which cannot record the kernels (PyTorch deprecates it for torch.compile "
+                          "and torch.export, which both run fa_variants)")
         _check_expressible(query, key, value)
         causal, seqlens_k = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
                                          traced_mask=fallback is None and torch.compiler.is_compiling())
@@ -309,22 +312,33 @@ def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
 
 
 def _may_read_padding() -> bool:
-    """Whether ``build_mask`` may read the 2-D attention_mask's padding on the host: always eagerly; while
+    """Whether ``build_mask`` may read the 2-D attention_mask's padding on the host: eagerly yes; while
     torch.compile traces, only where the trace may break its graph there (not under ``fullgraph=True``, where Dynamo
     would stop on the read, nor under torch.export): the mask is then built unread and read when the graph runs
-    (``torch.ops.fa_variants.mask_sequence_windows``: a device sync or two per layer, the same result)."""
+    (``torch.ops.fa_variants.mask_sequence_windows``: a device sync or two per layer, the same result). Never under
+    torch.jit.trace, which would keep the answer for every later input (the mask goes to sdpa there, or is refused:
+    ``attention_forward``)."""
+    if torch.jit.is_tracing():
+        return False
     return not torch.compiler.is_compiling() or _trace_may_break()
 
 
 def _trace_may_break() -> bool:
-    """Whether the frame Dynamo is tracing may break its graph; False where Dynamo's tracer cannot be asked (another
-    torch's internals, a non-strict export, which does not run Dynamo). Dynamo calls it while tracing and keeps the
-    answer as a constant of the trace (the mark below), so it asks the tracer itself, not ``is_compiling`` (False
-    inside such a call on torch 2.11)."""
-    try:  # one_graph: fullgraph=True (and strict export); error_on_graph_break: torch >= 2.9's per-region switch
+    """Whether the frame Dynamo is tracing may break its graph here: not under ``fullgraph=True`` nor strict export
+    (the tracer's ``one_graph``), not in a ``torch._dynamo.error_on_graph_break(True)`` region (a flag the root
+    tracer reads only at its next step, so read here), not inside a higher-order op's body (``nested_compile_region``,
+    checkpoint, ``torch.cond``: a tracer with a parent), the conditions of Dynamo's ``should_compile_partial_graph``
+    that hold across inlined frames (its with- / try-block tests are the root frame's, and Dynamo resumes a break
+    in an inlined frame at the root's call). False where Dynamo cannot be asked (another torch's internals, a non-strict export, which does not run
+    Dynamo). Dynamo calls it while tracing and keeps the answer as a constant of the trace (the mark below), so it
+    asks the tracer itself, not ``is_compiling`` (False inside such a call on torch 2.11)."""
+    try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._dynamo.utils import _get_error_on_graph_break
+
         tracer = InstructionTranslator.current_tx()
-        return not (tracer.one_graph or tracer.error_on_graph_break)
+        return not (tracer.one_graph or tracer.error_on_graph_break or _get_error_on_graph_break()
+                    or tracer.output.current_tracer.parent is not None)
     except Exception:  # noqa: BLE001 - any failure to ask means: do not read
         return False
 
