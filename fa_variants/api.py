@@ -15,7 +15,7 @@ import os
 import torch
 
 from fa_variants import dispatch, registry
-from fa_variants.common import batch_groups, launch, mask_lengths, mask_windows, split
+from fa_variants.common import batch_groups, host_values, launch, mask_lengths, mask_windows, split
 from fa_variants.common.checks import one_line
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
@@ -602,7 +602,14 @@ def _tracing(q, compiling: bool) -> bool:
     the caller's frame, the one that acts on the answer) or for their fake / functional tensors (any q of a class
     other than torch.Tensor); an eager Parameter is not traced (``_parameter_call`` sends it through the custom op's
     autograd)."""
-    return compiling or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
+    return compiling or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter)) or _proxy_tracing()
+
+
+def _proxy_tracing() -> bool:
+    """True under make_fx (a proxy dispatch mode records the call), also in its "real" mode, whose tensors are real
+    ones: there the plain path's reads of values on the host stop it, and a kernel's launch would be missing from
+    the recording; the custom op is one node."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
 
 
 def _autocast_available(device_type: str) -> bool:
@@ -796,11 +803,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 def _planned(q, k, v, causal, softmax_scale, backend: str, return_lse):
     """The fast path of `attention` and `scaled_dot_product_attention`: a call of a kind seen before (`_call_key`)
     run by its plan (`dispatch_and_run`'s, or `_autograd_plan`), without validation; None where there is none, and
-    while traced (torch.jit.trace too, which `_check_inputs` refuses), under forward-mode AD or torch.func transforms (`_check_transforms` decides there), for a q of
-    another class than torch.Tensor and a return_lse of any class but bool."""
+    while traced (make_fx and torch.jit.trace too, which `_check_inputs` refuses), under forward-mode AD or
+    torch.func transforms (`_check_transforms` decides there), for a q of another class than torch.Tensor and a
+    return_lse of any class but bool."""
     if torch.compiler.is_compiling() or q.__class__ is not torch.Tensor or return_lse.__class__ is not bool \
             or _FORWARD_AD._current_level >= 0 or torch._C._are_functorch_transforms_active() \
-            or torch.jit.is_tracing():
+            or torch.jit.is_tracing() or _proxy_tracing():
         return None
     plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))  # key None: not planned
     if plan is None:
@@ -939,18 +947,24 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
     # windows alone come from an op (mask_window: seqlens_k and leftpad_k), so that the attention op stays inside
     # reduce-overhead's CUDA graphs (sdpa_masked_sequence_windows, which reads the host, is kept out of them)
     transformed = torch._C._are_functorch_transforms_active()
-    in_graph = torch.compiler.is_compiling() and not transformed
+    in_graph = (torch.compiler.is_compiling() or _proxy_tracing()) and not transformed
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))  # (inference mode: untraceable)
     decoding = in_graph and q.shape[1] == 1 and not wants_grad
-    if transformed and getattr(torch.compiler, "is_exporting", lambda: False)():
-        raise ValueError("attn_mask under torch.export inside a torch.func transform (vmap, grad, jvp): its values "
-                         "decide the call and cannot be read while exporting; export fa_variants.attention with "
-                         "causal and seqlens_k")
+    # (torch 2.11's is_exporting() holds in any fullgraph trace too: the message names both)
+    if transformed and (getattr(torch.compiler, "is_exporting", lambda: False)() or (
+            torch.compiler.is_compiling() and not host_values.trace_may_break())):
+        raise ValueError("attn_mask inside a torch.func transform (vmap, grad, jvp) under torch.export or "
+                         "torch.compile(fullgraph=True): its values decide the call and are read at the call there, "
+                         "which such a trace cannot do; compile without fullgraph, or call fa_variants.attention "
+                         "with causal and seqlens_k")
     target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
     shape = tuple(attn_mask.shape)
     if not 2 <= len(shape) <= 4 or any(n not in (1, t) for n, t in zip(shape[::-1], target[::-1])):
+        # (sizes as ints, one f-string: Dynamo cannot join strings built from symbolic sizes, dynamic=True)
+        shape, target = tuple(int(n) for n in shape), tuple(int(n) for n in target)
+        rank = "" if 2 <= len(shape) <= 4 else " (it must have 2 to 4 dimensions)"
         raise ValueError(f"attn_mask has shape {shape}, which does not broadcast to (batch, num_heads, seqlen_q, "
-                         f"seqlen_k) = {target}" + ("" if 2 <= len(shape) <= 4 else " (it must have 2 to 4 dimensions)"))
+                         f"seqlen_k) = {target}{rank}")
     mask = attn_mask.reshape((1,) * (4 - len(shape)) + shape)
     if decoding:  # (2, batch): the windows' ends and first keys (a left-padded batch's generation too)
         return True, torch.ops.fa_variants.mask_window(mask, True, *target[2:], *target[:2], "attn_mask")

@@ -32,8 +32,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
 
     seqlen_q = q.shape[1]
     causal, (ends, starts, counts) = one_call_windows(windows, seqlen_q)  # on the CPU: checked there, no sync
+    # whether a diagonal moves, from the windows themselves: reading `counts` back would stop torch.compile's
+    # fullgraph and torch.export on a data-dependent branch
+    moves = causal and any(query_count(cut(w, seqlen_q), seqlen_q) != seqlen_q for w in windows)
     return api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend, return_lse=return_lse,
-                         seqlens_k=ends, leftpad_k=starts, seqlens_q=counts if needs_counts(counts, seqlen_q) else None)
+                         seqlens_k=ends, leftpad_k=starts, seqlens_q=counts if moves else None)
 
 
 def one_call_windows(windows: list[Window], seqlen_q: int,

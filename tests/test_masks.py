@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import fa_variants
-from fa_variants.common import mask_lengths
+from fa_variants.common import host_values, mask_lengths
 from fa_variants.integrations import hf
 from fa_variants.reference import attention_reference
 from helpers import assert_eager_ranks_first, assert_model_within_rule, float64_twin, seeded_generator
@@ -577,9 +577,9 @@ def test_trace_may_break_is_false_where_the_tracer_cannot_be_asked(monkeypatch):
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
     assert hf._may_read_padding()
-    assert hf._trace_may_break._dynamo_marked_constant is True
+    assert host_values.trace_may_break._dynamo_marked_constant is True
     monkeypatch.setattr(InstructionTranslator, "current_tx", staticmethod(lambda: None))
-    assert hf._trace_may_break() is False
+    assert host_values.trace_may_break() is False
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert hf._may_read_padding() is False
 
@@ -679,9 +679,18 @@ def test_sdpa_attn_mask_under_torch_export():
             return torch.vmap(lambda q: fa_variants.scaled_dot_product_attention(
                 q, k, k, attn_mask=mask, enable_gqa=True, backend="reference"))(qs)
 
-    with pytest.raises(ValueError, match=r"^attn_mask under torch.export inside a torch.func transform \(vmap, grad, "
-                                         r"jvp\): .*with causal and seqlens_k$"):
+    refusal = (r"^attn_mask inside a torch.func transform \(vmap, grad, jvp\) under torch.export or "
+               r"torch.compile\(fullgraph=True\): .*with causal and seqlens_k$")
+    with pytest.raises(ValueError, match=refusal):
         torch.export.export(Vmapped(), (q[None], k, _lengths_mask([9, 4], 3, 9, True)), strict=False)
+    # the same under torch.compile(fullgraph=True), where the read at the call cannot break the graph (before
+    # session 59: Dynamo's "Call to torch.compiler.disable()", or on torch 2.11 this message naming torch.export)
+    torch._dynamo.reset()
+    grad = torch.func.grad(lambda q, mask: fa_variants.scaled_dot_product_attention(
+        q, k, k, attn_mask=mask, enable_gqa=True, backend="reference").sum())
+    with pytest.raises(Exception, match=refusal[1:-1]):
+        torch.compile(grad, fullgraph=True, backend="eager")(q, _lengths_mask([9, 4], 3, 9, True))
+    torch._dynamo.reset()
 
 
 def test_sdpa_attn_mask_under_transforms_is_refused_in_one_line():

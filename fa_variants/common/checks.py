@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import sys
 
 __all__ = ["INT64_MAX", "is_int", "is_real", "one_line", "allocating", "check_fits", "free_bytes"]
 
@@ -46,15 +47,17 @@ def is_real(value) -> bool:
 
 def one_line(value, limit: int = 80) -> str:
     """How an error message shows a rejected argument: one line of at most about ``limit`` characters."""
-    cls = type(value)
-    array = cls.__module__.split(".")[0] in ("torch", "numpy") and hasattr(value, "shape") and hasattr(value, "dtype")
-    if array:
+    # (isinstance against the loaded modules, not type(value).__module__: Dynamo cannot trace a method of that
+    # string, which lost the message under fullgraph=True)
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+    tensor = torch is not None and isinstance(value, torch.Tensor)
+    if tensor or (numpy is not None and isinstance(value, numpy.ndarray)):
         from fa_variants.common.host_values import vmapped  # value is a tensor: torch is loaded
 
-        batched = cls.__module__.startswith("torch") and vmapped(value)
+        batched = tensor and vmapped(value)
         if batched or len(value.shape):  # a 0-d one's repr is one short line, e.g. tensor(0.5000)
             batched = " batched by torch.func.vmap" if batched else ""
-            kind = "tensor" if cls.__module__.startswith("torch") else "numpy array"
+            kind = "tensor" if tensor else "numpy array"
             return f"a {kind}{batched} of shape {tuple(value.shape)} and dtype {value.dtype}"
     text = " ".join(_repr(value).split())
     return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-__all__ = ["vmapped", "unreadable", "eagerly"]
+__all__ = ["vmapped", "unreadable", "eagerly", "trace_may_break"]
 
 
 def vmapped(t: torch.Tensor) -> bool:
@@ -50,3 +50,30 @@ def eagerly(fn, *args):
     if "torch._dynamo" not in sys.modules and not torch.compiler.is_compiling():
         return fn(*args)
     return torch.compiler.disable(fn)(*args)
+
+
+def trace_may_break() -> bool:
+    """While torch.compile traces: whether the frame Dynamo is tracing may break its graph here, where a value must
+    be read on the host. Not under ``fullgraph=True`` nor strict export (the tracer's ``one_graph``), not in a
+    ``torch._dynamo.error_on_graph_break(True)`` region (a flag the root tracer reads only at its next step, so read
+    here), not inside a higher-order op's body (``nested_compile_region``, checkpoint, ``torch.cond``: a tracer with
+    a parent): the conditions of Dynamo's ``should_compile_partial_graph`` that hold across inlined frames (its
+    with- / try-block tests are the root frame's, and Dynamo resumes a break in an inlined frame at the root's
+    call). False where Dynamo cannot be asked (another torch's internals, a non-strict export, which does not run
+    Dynamo). Dynamo calls it while tracing and keeps the answer as a constant of the trace (the mark below), so it
+    asks the tracer itself, not ``is_compiling`` (False inside such a call on torch 2.11). Call it only where
+    ``torch.compiler.is_compiling()`` holds."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._dynamo.utils import _get_error_on_graph_break
+
+        tracer = InstructionTranslator.current_tx()
+        return not (tracer.one_graph or tracer.error_on_graph_break or _get_error_on_graph_break()
+                    or tracer.output.current_tracer.parent is not None)
+    except Exception:  # noqa: BLE001 - any failure to ask means: do not read
+        return False
+
+
+# torch.compiler.assume_constant_result's mark, set by hand (the decorator imports torch._dynamo, 1.5-3 s, as
+# api._autocast_available's): Dynamo calls the function while tracing and keeps its answer, instead of tracing it.
+trace_may_break._dynamo_marked_constant = True

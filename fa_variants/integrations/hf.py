@@ -52,7 +52,7 @@ import torch
 
 import fa_variants
 from fa_variants import dispatch, windowed
-from fa_variants.common import mask_lengths, mask_windows
+from fa_variants.common import host_values, mask_lengths, mask_windows
 from fa_variants.common.checks import one_line
 from fa_variants.reference import causal_visible
 
@@ -320,32 +320,7 @@ def _may_read_padding() -> bool:
     ``attention_forward``)."""
     if torch.jit.is_tracing():
         return False
-    return not torch.compiler.is_compiling() or _trace_may_break()
-
-
-def _trace_may_break() -> bool:
-    """Whether the frame Dynamo is tracing may break its graph here: not under ``fullgraph=True`` nor strict export
-    (the tracer's ``one_graph``), not in a ``torch._dynamo.error_on_graph_break(True)`` region (a flag the root
-    tracer reads only at its next step, so read here), not inside a higher-order op's body (``nested_compile_region``,
-    checkpoint, ``torch.cond``: a tracer with a parent), the conditions of Dynamo's ``should_compile_partial_graph``
-    that hold across inlined frames (its with- / try-block tests are the root frame's, and Dynamo resumes a break
-    in an inlined frame at the root's call). False where Dynamo cannot be asked (another torch's internals, a non-strict export, which does not run
-    Dynamo). Dynamo calls it while tracing and keeps the answer as a constant of the trace (the mark below), so it
-    asks the tracer itself, not ``is_compiling`` (False inside such a call on torch 2.11)."""
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-        from torch._dynamo.utils import _get_error_on_graph_break
-
-        tracer = InstructionTranslator.current_tx()
-        return not (tracer.one_graph or tracer.error_on_graph_break or _get_error_on_graph_break()
-                    or tracer.output.current_tracer.parent is not None)
-    except Exception:  # noqa: BLE001 - any failure to ask means: do not read
-        return False
-
-
-# torch.compiler.assume_constant_result's mark, set by hand as api._autocast_available's is (the decorator imports
-# torch._dynamo, 1.5-3 s): Dynamo calls the function while tracing and keeps its answer, instead of tracing it.
-_trace_may_break._dynamo_marked_constant = True
+    return not torch.compiler.is_compiling() or host_values.trace_may_break()
 
 
 def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str | None = None) -> str:
