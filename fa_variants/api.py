@@ -609,7 +609,10 @@ def _proxy_tracing() -> bool:
     """True under make_fx (a proxy dispatch mode records the call), also in its "real" mode, whose tensors are real
     ones: there the plain path's reads of values on the host stop it, and a kernel's launch would be missing from
     the recording; the custom op is one node."""
-    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+    return torch._C._get_dispatch_mode(_PROXY_MODE) is not None
+
+
+_PROXY_MODE = torch._C._TorchDispatchModeKey.PROXY
 
 
 def _autocast_available(device_type: str) -> bool:
