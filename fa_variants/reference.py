@@ -114,18 +114,17 @@ def _limit_name(name: str) -> str:
 
 
 def _refuse_vmapped(t: torch.Tensor, name: str) -> None:
-    """NotImplementedError (one line naming ``name``) for lengths batched by torch.func.vmap or otherwise unreadable
-    (``host_values.unreadable``: functionalized, fake, meta): their values cannot be read on the host to check
-    them."""
+    """NotImplementedError (one line naming ``name``) for lengths batched by torch.func.vmap or functionalized by
+    torch.func.functionalize: their values cannot be read on the host to check them (a meta tensor's are not
+    checked: shapes only)."""
     if host_values.vmapped(t):
         raise NotImplementedError(f"{name} batched by torch.func.vmap: its values are read on the host to check "
                                   "them, which vmap cannot do; fold the vmapped dimension into the batch, or give "
                                   f"{name} unbatched (in_dims None)")
-    why = host_values.unreadable(t)  # functionalized (torch.func.functionalize): its storage is not allocated
-    if why is not None:
-        raise NotImplementedError(f"{name} is {why}: its values, read on the host to check them, cannot be "
-                                  "read; call outside that transform, or trace with torch.compile / torch.export "
-                                  "(they read them when the graph runs)")
+    if torch._is_functional_tensor(t):  # torch.func.functionalize: its storage is not allocated
+        raise NotImplementedError(f"{name} is functionalized by torch.func.functionalize: its values, read on the "
+                                  "host to check them, cannot be read; call outside that transform, or trace with "
+                                  "torch.compile / torch.export (they read them when the graph runs)")
 
 
 def check_leftpad_k(leftpad_k, seqlens_k, batch: int, seqlen_k: int, device: torch.device, *,
