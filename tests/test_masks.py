@@ -41,6 +41,21 @@ def _recorder():
     return graphs, recording_backend
 
 
+def _assert_hidden_states_within_rule(model, ids, got: dict, masks: dict, keep: dict | None = None) -> None:
+    """``got[kind]`` (the model's hidden states with our attention on ``masks[kind]``) within the rule against the
+    same model in float64 with sdpa (float64 eager adds finfo.min to scores: -inf, rows seeing no key NaN), beside
+    the float32 one with sdpa, at the tokens ``keep[kind]`` (all where None: left padding's rows see no key and give
+    0 here, where eager attention averages). Leaves the model on sdpa: the caller restores its implementation."""
+    model.set_attn_implementation("sdpa")
+    twin = float64_twin(model)
+    twin.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        for kind, mask in masks.items():
+            real = (keep or {}).get(kind, torch.ones(ids.shape, dtype=torch.bool))
+            assert_model_within_rule(got[kind][real], model.model(ids, attention_mask=mask).last_hidden_state[real],
+                                     twin.model(ids, attention_mask=mask).last_hidden_state[real], kind)
+
+
 @pytest.mark.parametrize("chunk", [None, 5], ids=["one-step", "rows-in-chunks"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_mask_as_lengths_reads_per_sequence_lengths(causal, chunk, monkeypatch):
@@ -319,15 +334,8 @@ def test_a_padded_batch_under_torch_compile_runs_or_is_refused_when_it_runs():
             compiled = torch.compile(model.model, backend="eager")  # (the padding is read at a graph break)
             got = compiled(ids, attention_mask=left).last_hidden_state
             got_right = compiled(ids, attention_mask=right).last_hidden_state
-        model.set_attn_implementation("eager")
-        twin = float64_twin(model)
-        twin.set_attn_implementation("sdpa")  # float64 eager adds finfo.min to scores: -inf, rows seeing no key NaN
-        with torch.no_grad():
-            real = left.bool()  # the padding rows: eager attention averages where ours gives 0
-            assert_model_within_rule(got[real], model.model(ids, attention_mask=left).last_hidden_state[real],
-                                     twin.model(ids, attention_mask=left).last_hidden_state[real], "hidden state")
-            assert_model_within_rule(got_right, model.model(ids, attention_mask=right).last_hidden_state,
-                                     twin.model(ids, attention_mask=right).last_hidden_state, "right-padded")
+        _assert_hidden_states_within_rule(model, ids, {"left": got, "right": got_right},
+                                          {"left": left, "right": right}, {"left": left.bool()})
     finally:
         model.set_attn_implementation("eager")
         torch._dynamo.reset()
@@ -369,15 +377,8 @@ def test_a_padded_batch_as_a_4d_mask_traces_fullgraph():
             got = {"right": compiled(ids, attention_mask=right).last_hidden_state,
                    "left": compiled(ids, attention_mask=left).last_hidden_state}
         assert len(graphs) == 1, len(graphs)
-        model.set_attn_implementation("sdpa")
-        twin = float64_twin(model)
-        twin.set_attn_implementation("sdpa")
-        real = {"right": torch.ones(2, n, dtype=torch.bool), "left": left[:, 0].any(-1)}
-        with torch.no_grad():
-            for kind, mask in (("right", right), ("left", left)):
-                keep = real[kind]
-                assert_model_within_rule(got[kind][keep], model.model(ids, attention_mask=mask).last_hidden_state[keep],
-                                         twin.model(ids, attention_mask=mask).last_hidden_state[keep], kind)
+        _assert_hidden_states_within_rule(model, ids, got, {"right": right, "left": left},
+                                          {"left": left[:, 0].any(-1)})
     finally:
         model.set_attn_implementation("eager")
         torch._dynamo.reset()
@@ -426,14 +427,7 @@ def test_a_2d_attention_mask_traces_fullgraph(fallback):
         assert sum("fa_variants.attention" in t for t in targets) == 2, targets  # one per layer, causal, no mask op
         assert not any("mask_window" in t or "mask_sequence_windows" in t for t in targets), targets
         torch.testing.assert_close(plain, got["ones"], rtol=1e-5, atol=1e-5)
-        model.set_attn_implementation("sdpa")
-        twin = float64_twin(model)
-        twin.set_attn_implementation("sdpa")
-        with torch.no_grad():
-            for kind, mask in masks.items():
-                keep = torch.ones(2, n, dtype=torch.bool) if kind != "left" else mask.bool()
-                assert_model_within_rule(got[kind][keep], model.model(ids, attention_mask=mask).last_hidden_state[keep],
-                                         twin.model(ids, attention_mask=mask).last_hidden_state[keep], kind)
+        _assert_hidden_states_within_rule(model, ids, got, masks, {"left": masks["left"].bool()})
     finally:
         model.set_attn_implementation("eager")
         torch._dynamo.reset()
@@ -516,13 +510,7 @@ def test_a_padded_batch_in_compiled_regions_that_may_not_break(context, fallback
     try:
         with torch.no_grad(), around:
             got = wrap(model.model)(ids, mask)
-        model.set_attn_implementation("sdpa")
-        twin = float64_twin(model)
-        twin.set_attn_implementation("sdpa")
-        keep = mask.bool()
-        with torch.no_grad():
-            assert_model_within_rule(got[keep], model.model(ids, attention_mask=mask).last_hidden_state[keep],
-                                     twin.model(ids, attention_mask=mask).last_hidden_state[keep], context)
+        _assert_hidden_states_within_rule(model, ids, {context: got}, {context: mask}, {context: mask.bool()})
     finally:
         model.set_attn_implementation("eager")
         torch._dynamo.reset()
