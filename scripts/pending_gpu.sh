@@ -23,7 +23,11 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 59 (session 56's, unchanged: session 58 got no machine in 30 calls (15 failed starts, 13 refusals
+#    Plan for session 60 (session 56's, unchanged: session 59 got no machine either (every start failed or was refused
+#    inside a failure's window); it changed host-side Python only, no kernel: hf's mask function under fullgraph /
+#    export / regions that may not break, the mask readers outside Dynamo, torch.jit.trace refused, make_fx taking the
+#    custom op, the fast path's two more tracer checks (E's host-time tests cover them). Session 58 got no machine in
+#    30 calls (15 failed starts, 13 refusals
 #    inside a failure's window, loans paused for an hour); it changed tests, docs, packaging (pyproject's licence) and
 #    one import of common/sm90 (LayoutEnum from cutlass.tensor_utils, the same object: fa3's SASS byte-identical at
 #    head_dim 64 / 128 / 256). Session 57 got no machine in 14 tries; it changed tests, docs and the HF mask memo's
