@@ -205,7 +205,9 @@ def test_an_empty_call_with_a_mask_gives_sdpa_s_empty_answer(empty, mask_heads):
     mask = torch.ones(b, h if mask_heads == "heads" else 1, n_q, n_k, dtype=torch.bool)
     assert mask_lengths.as_lengths(mask, n_q, n_k, b, h)[1] is None  # no lengths: nothing to hide
     out = fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, backend="reference")
-    want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+    # torch 2.11's CPU SDPA stops the process at zero heads (SIGFPE, the GPU host's CPU tests): its answer, the
+    # empty output, is written out there
+    want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask) if h else torch.zeros(b, h, n_q, 16)
     assert out.shape == want.shape and torch.equal(out.nan_to_num(), torch.zeros_like(want)), (out, want)
 
 
