@@ -950,12 +950,13 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
     # windows alone come from an op (mask_window: seqlens_k and leftpad_k), so that the attention op stays inside
     # reduce-overhead's CUDA graphs (sdpa_masked_sequence_windows, which reads the host, is kept out of them)
     transformed = torch._C._are_functorch_transforms_active()
-    in_graph = (torch.compiler.is_compiling() or _proxy_tracing()) and not transformed
+    compiling = torch.compiler.is_compiling()
+    in_graph = (compiling or _proxy_tracing()) and not transformed
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))  # (inference mode: untraceable)
     decoding = in_graph and q.shape[1] == 1 and not wants_grad
     # (torch 2.11's is_exporting() holds in any fullgraph trace too: the message names both)
     if transformed and (getattr(torch.compiler, "is_exporting", lambda: False)() or (
-            torch.compiler.is_compiling() and not host_values.trace_may_break())):
+            compiling and not host_values.trace_may_break())):
         raise ValueError("attn_mask inside a torch.func transform (vmap, grad, jvp) under torch.export or "
                          "torch.compile(fullgraph=True): its values decide the call and are read at the call there, "
                          "which such a trace cannot do; compile without fullgraph, or call fa_variants.attention "

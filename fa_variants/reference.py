@@ -99,7 +99,7 @@ def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, 
     if seqlens_k.device != device and not (host_ok and seqlens_k.device.type == "cpu"):
         raise ValueError(f"{name} is on {seqlens_k.device} but q is on {device}")
     if values:
-        _refuse_vmapped(seqlens_k, name)
+        _refuse_unreadable(seqlens_k, name)
     if values and batch and seqlens_k.device.type != "meta":  # a meta tensor has no values to check
         lo, hi = torch.aminmax(seqlens_k)
         lo, hi = int(lo), int(hi)
@@ -113,7 +113,7 @@ def _limit_name(name: str) -> str:
     return "seqlen_q" if name == "seqlens_q" else "seqlen_k"
 
 
-def _refuse_vmapped(t: torch.Tensor, name: str) -> None:
+def _refuse_unreadable(t: torch.Tensor, name: str) -> None:
     """NotImplementedError (one line naming ``name``) for lengths batched by torch.func.vmap or functionalized by
     torch.func.functionalize: their values cannot be read on the host to check them (a meta tensor's are not
     checked: shapes only)."""
@@ -150,7 +150,7 @@ def check_window_values(seqlens_k, leftpad_k, seqlens_q, batch: int, seqlen_k: i
                                                                  ("leftpad_k", leftpad_k, seqlen_k),
                                                                  ("seqlens_q", seqlens_q, seqlen_q)) if t is not None]
     for name, t, _ in named:
-        _refuse_vmapped(t, name)
+        _refuse_unreadable(t, name)
     stats = [x for _, t, _ in named for x in (t.amin(), t.amax())]
     if leftpad_k is not None:
         ends = leftpad_k.new_full((batch,), seqlen_k) if seqlens_k is None else seqlens_k.to(device)

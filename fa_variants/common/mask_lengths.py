@@ -83,7 +83,7 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     if not traced:
         _check_readable(mask)
     elif torch._C._are_functorch_transforms_active():
-        torch.compiler.disable(_refuse_vmapped)(mask)  # (wrapped here: disable imports Dynamo)
+        host_values.eagerly(_refuse_vmapped, mask)  # outside Dynamo, which cannot trace functorch's C calls
     if seqlen_q == 0 or seqlen_k == 0 or mask.shape[0] == 0 or mask.shape[1] == 0:
         return True, None  # nothing to hide: no row, or no key (every row then gives 0, LSE -inf)
     if traced:  # a graph break: the read runs eagerly (host_values.eagerly)
